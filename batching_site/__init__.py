@@ -1,0 +1,1 @@
+"""Django project: settings, URLs, and the Celery app every process shares."""

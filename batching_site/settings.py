@@ -1,0 +1,130 @@
+"""Django settings for the batching site.
+
+Every secret and every address comes from the environment (or a `.env` file beside
+manage.py, which `make run` writes on first start). Nothing here is a credential.
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.management.utils import get_random_secret_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+#: Off unless DJANGO_DEBUG=1. `make run` turns it on for local development.
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+#: Without DJANGO_SECRET_KEY each process makes up its own key: sessions then do not
+#: survive a restart, which is safe, and nobody can ship a known default key.
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="") or get_random_secret_key()
+
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "tasks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "batching_site.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "batching_site.wsgi.application"
+
+#: SQLite beside manage.py unless DATABASE_URL names another database (postgres://...).
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}
+
+# --- Broker and results -------------------------------------------------------------
+
+#: One Redis (or Valkey) serves as broker and result backend. `make run` finds or
+#: starts one at this address; tests start their own on a free port.
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+#: JSON only: pickle would let anyone who can write to the broker run code.
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+#: Results live a day; a caller that has not fetched its answer by then has gone.
+CELERY_RESULT_EXPIRES = env.int("RESULT_EXPIRES_S", default=86400)
+#: Workers pull one message at a time: a device worker never hoards batches that an
+#: idle device could run.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+#: An unacked message (a request the collector holds, a batch a device runs) goes back
+#: to its queue this long after its holder vanished. Nothing is held nearly this long:
+#: the collector holds a bounded window and a batch takes seconds.
+VISIBILITY_TIMEOUT_S = env.int("VISIBILITY_TIMEOUT_S", default=30)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": VISIBILITY_TIMEOUT_S,
+    # Sweep for abandoned messages every 5 s, all of them, so a killed holder's
+    # messages are back in their queue within visibility timeout + 5 s.
+    "unacked_restore_interval": 5,
+    "unacked_restore_throttle": 1,
+    "unacked_restore_limit": 10000,
+}
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_WORKER_SEND_TASK_EVENTS = True
+
+# --- Batching -----------------------------------------------------------------------
+
+#: Devices that `make run` starts one worker for: "cuda:0,cuda:1", or "cpu:0,cpu:1".
+#: Empty means every CUDA device, or two CPU devices when there is no CUDA.
+DEVICES = env.list("DEVICES", default=[])
+#: The model a request gets when it names none.
+DEFAULT_MODEL = env("DEFAULT_MODEL", default="minilm")
+#: Requests the collector holds per tier before it stops reading that queue. Bigger
+#: windows pack better; every held request must be dispatched well within
+#: VISIBILITY_TIMEOUT_S.
+COLLECTOR_WINDOW = env.int("COLLECTOR_WINDOW", default=256)
+#: Batches queued per device beyond the one it runs. 0 forms each batch only when a
+#: device is free (fullest batches); 1 hides the hand-off latency on fast GPUs.
+COLLECTOR_BATCHES_AHEAD = env.int("COLLECTOR_BATCHES_AHEAD", default=0)

@@ -1,0 +1,84 @@
+"""Small views: the submit page, a request's status as JSON, and /healthz."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from celery.result import AsyncResult
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from tasks import shared_state
+from tasks.client import submit
+from tasks.core.policy import PRIORITIES
+from tasks.errors import Overloaded
+
+from .celery import app
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    return render(request, "index.html", {"priorities": PRIORITIES})
+
+
+@require_POST
+def submit_form(request: HttpRequest) -> JsonResponse:
+    """Accept one text from the page; answer 202 with its id, or a 4xx with the reason."""
+    try:
+        data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
+    except (ValueError, UnicodeDecodeError):
+        return JsonResponse({"error": "body is not valid JSON"}, status=400)
+    try:
+        result = submit(data.get("text"), priority=data.get("priority") or "normal")
+    except Overloaded as exc:
+        response = JsonResponse({"error": str(exc)}, status=429)
+        response["Retry-After"] = str(max(1, round(exc.retry_after)))
+        return response
+    except (ValueError, TypeError) as exc:
+        status = 413 if exc.__class__.__name__ == "RequestTooLarge" else 400
+        return JsonResponse({"error": str(exc)}, status=status)
+    return JsonResponse({"id": result.id, "status": "PENDING"}, status=202)
+
+
+@require_GET
+def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
+    result = AsyncResult(str(request_id), app=app)
+    meta = app.backend.get_task_meta(result.id)
+    body: dict[str, object] = {"id": result.id, "status": meta["status"], "details": meta.get("batching") or {}}
+    if meta["status"] == "SUCCESS":
+        body["result"] = meta["result"]
+    elif meta["status"] == "FAILURE":
+        exc = meta["result"]
+        body["error"] = f"{type(exc).__name__}: {exc}"
+    return JsonResponse(body)
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 once web, broker, collector and at least one device worker answer; else 503
+    naming what is missing."""
+    parts: dict[str, object] = {"web": "ok"}
+    missing = []
+    try:
+        r = shared_state.client()
+        r.ping()
+        parts["broker"] = "ok"
+        collector = shared_state.read_collector(r)
+        devices = shared_state.live_devices(r)
+    except Exception as exc:  # noqa: BLE001 - any broker failure is "broker missing"
+        parts["broker"] = f"unreachable: {exc}"
+        missing.append("broker")
+        collector, devices = None, {}
+    if collector and time.time() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
+        parts["collector"] = {"hostname": collector.get("hostname"), "policy_version": collector.get("policy_version")}
+    else:
+        missing.append("collector")
+    if devices:
+        parts["devices"] = sorted(devices)
+    else:
+        missing.append("device worker")
+    if missing:
+        parts["missing"] = missing
+    return JsonResponse(parts, status=503 if missing else 200)

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class TasksConfig(AppConfig):
+    name = "tasks"
+    verbose_name = "Batching"
+    default_auto_field = "django.db.models.BigAutoField"

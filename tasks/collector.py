@@ -1,0 +1,343 @@
+"""The batch collector: request messages in, batch tasks out.
+
+It runs as one thread inside a Celery worker started with `--collector` (see
+`tasks/worker_steps.py`) and owns its broker connection, so every consume, publish and
+ack happens on one thread and no lock is needed.
+
+One turn of the loop:
+
+    drain request messages  -> Scheduler.add()            (per tier, a bounded window)
+    drain collector.events  -> a device slot is free again
+    expire past-deadline    -> DeadlineExceeded outcome, ack
+    while a slot is free and Scheduler.next_batch():
+        publish a batch task on `batches` (or on a device queue), then ack its requests
+
+Acks and hand-off: a request message stays unacked while the collector holds it and is
+acked only after the batch holding it has been published. If the collector dies, its
+unacked requests go back to their queue after the visibility timeout; if it dies between
+publishing and acking, a request can run twice, and the idempotent outcome write keeps
+the first answer. The window per tier (its prefetch count) bounds how long a request is
+held, well under the visibility timeout.
+
+Workers pull: the collector does not pick devices. It keeps at most
+`devices x (1 + batches_ahead)` batches outstanding, and a device that finishes a batch
+says so on `collector.events`. While a device is free the next batch leaves at once
+(with `max_wait_ms=0`); while all are busy, requests accumulate into fuller batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from celery import Celery
+from kombu import Consumer, Exchange, Message, Producer, Queue
+
+from batching_site.celery import (
+    BATCH_QUEUE,
+    BATCH_TASK,
+    EVENTS_QUEUE,
+    REQUEST_TASK,
+    request_queue_name,
+)
+
+from . import shared_state
+from .core.clock import Clock, MonotonicClock
+from .core.policy import PRIORITIES, BatchPolicy
+from .core.scheduler import Batch, Item, Scheduler
+from .errors import DeadlineExceeded
+from .intake import Request
+from .outcomes import Outcome, OutcomeWriter
+
+log = logging.getLogger(__name__)
+
+#: How often the collector re-reads the policy and the live devices, and writes its own
+#: heartbeat. A policy saved in the admin takes effect within this (plus one batch).
+HOUSEKEEPING_S = 0.25
+#: A batch a device has not reported done after this long is presumed lost with its
+#: device; its slot is reclaimed (the batch itself is redelivered by the broker).
+STALE_BATCH_S = 60.0
+
+
+def events_queue() -> Queue:
+    return Queue(EVENTS_QUEUE, Exchange(EVENTS_QUEUE, type="direct"), routing_key=EVENTS_QUEUE)
+
+
+class Held:
+    """A request the collector holds: its parsed form and the message to ack later."""
+
+    __slots__ = ("message", "request")
+
+    def __init__(self, request: Request, message: Message) -> None:
+        self.request = request
+        self.message = message
+
+
+class Collector:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        window: int = 256,
+        batches_ahead: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.app = app
+        self.window = window
+        self.batches_ahead = batches_ahead
+        self.clock = clock or MonotonicClock()
+        self.policy = BatchPolicy()
+        # One scheduler per model: a batch runs one model.
+        self.schedulers: dict[str, Scheduler[Held]] = {}
+        self.held: dict[str, Item[Held]] = {}
+        self.outstanding: dict[str, float] = {}
+        self.devices = 0
+        self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0}
+        self.outcomes = OutcomeWriter(app)
+        self._next_housekeeping = 0.0
+        self.hostname = socket.gethostname()
+
+    # --- the loop -----------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        with self.app.connection_for_read() as conn, self.app.connection_for_write() as pconn:
+            conn.ensure_connection(max_retries=None)
+            self.producer = Producer(pconn.channel(), serializer="json")
+            consumers = self._consumers(conn)
+            self._housekeeping(force=True)
+            log.info("collector ready: window %d per tier, %d device(s)", self.window, self.devices)
+            try:
+                while not stop.is_set():
+                    self._turn(conn)
+                self._drain_at_shutdown(conn)
+            finally:
+                for c in consumers:
+                    c.cancel()
+
+    def _turn(self, conn: Any) -> None:
+        self._housekeeping()
+        self._expire()
+        self._dispatch()
+        timeout = self._idle_timeout()
+        try:
+            conn.drain_events(timeout=timeout)
+            # Take everything already waiting before deciding: a fuller view makes
+            # fuller, better-packed batches. Bounded, so a flood cannot stall dispatch.
+            for _ in range(4 * self.window):
+                conn.drain_events(timeout=0)
+        except TimeoutError:
+            pass
+
+    def _idle_timeout(self) -> float:
+        now = self.clock.now()
+        wake = self._next_housekeeping
+        for s in self.schedulers.values():
+            w = s.next_wakeup() if self._free_slots() else s.next_deadline()
+            if w is not None:
+                wake = min(wake, w)
+        return max(0.0, min(HOUSEKEEPING_S, wake - now))
+
+    def _consumers(self, conn: Any) -> list[Consumer]:
+        consumers = []
+        for priority in PRIORITIES:
+            name = request_queue_name(priority)
+            queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
+            # A channel per tier, so each tier has its own prefetch window: a flood of
+            # "high" can never crowd "low" out of the collector's view.
+            c = Consumer(conn.channel(), queues=[queue], callbacks=[self._on_request], accept=["json"])
+            c.qos(prefetch_count=self.window)
+            c.consume()
+            consumers.append(c)
+        ev = events_queue()
+        ev_channel = conn.channel()
+        ev(ev_channel).declare()
+        # Done-events from before this collector started describe batches it never sent.
+        ev(ev_channel).purge()
+        c = Consumer(ev_channel, queues=[ev], callbacks=[self._on_event], accept=["json"], no_ack=True)
+        c.consume()
+        consumers.append(c)
+        return consumers
+
+    # --- messages in ----------------------------------------------------------------
+
+    def _on_request(self, body: Any, message: Message) -> None:
+        task_id = message.headers.get("id") if message.headers else None
+        try:
+            if message.headers.get("task") != REQUEST_TASK:
+                raise ValueError(f"not a request message: task {message.headers.get('task')!r}")
+            args = body[0]
+            request = Request.from_message(args[0])
+        except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
+            log.error("rejecting malformed request message %s: %s", task_id, exc)
+            if task_id:
+                self.outcomes.write([Outcome(task_id, error=ValueError(f"malformed request message: {exc}"))])
+            message.ack()
+            self.stats["rejected"] += 1
+            return
+        previous = self.held.get(task_id)
+        if previous is not None:
+            # Redelivered while we still hold it (the broker's visibility timeout passed).
+            # Keep one copy, and the newest delivery to ack, so a crash loses neither.
+            assert previous.payload is not None
+            previous.payload.message = message
+            return
+        now = self.clock.now()
+        age = max(0.0, time.time() - request.submitted_at)
+        deadline = None if request.deadline_at is None else now + (request.deadline_at - time.time())
+        item: Item[Held] = Item(
+            id=task_id,
+            tokens=request.tokens,
+            priority=request.priority,
+            enqueued_at=now - age,
+            deadline=deadline,
+            payload=Held(request, message),
+            alone=request.alone,
+        )
+        sched = self.schedulers.get(request.model)
+        if sched is None:
+            sched = self.schedulers[request.model] = Scheduler(self.policy, self.clock.now)
+        sched.add(item)
+        self.held[task_id] = item
+
+    def _on_event(self, body: Any, message: Message) -> None:
+        kind = body.get("kind") if isinstance(body, dict) else None
+        if kind == "done":
+            self.outstanding.pop(body.get("batch_id"), None)
+        elif kind == "hello":
+            self._next_housekeeping = 0.0
+
+    # --- messages out ---------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        return max(0, self.devices * (1 + self.batches_ahead) - len(self.outstanding))
+
+    def _dispatch(self, *, force: bool = False) -> None:
+        while self._free_slots() > 0 or (force and self.devices):
+            batch = self._next_batch(force=force)
+            if batch is None:
+                return
+            self._send(batch)
+
+    def _next_batch(self, *, force: bool) -> tuple[str, Batch[Held]] | None:
+        # The model whose oldest request has waited longest goes first.
+        ready = []
+        for model, sched in self.schedulers.items():
+            oldest = sched.oldest()
+            if oldest is not None:
+                ready.append((oldest.enqueued_at, model, sched))
+        for _, model, sched in sorted(ready, key=lambda r: r[0]):
+            batch = sched.next_batch(force=force)
+            if batch is not None:
+                return model, batch
+        return None
+
+    def _send(self, model_batch: tuple[str, Batch[Held]]) -> None:
+        model, batch = model_batch
+        batch_id = str(uuid.uuid4())
+        wall = time.time()
+        requests = []
+        for item in batch.items:
+            assert item.payload is not None
+            r = item.payload.request
+            requests.append(
+                {
+                    "id": item.id,
+                    "text": r.text,
+                    "tokens": r.tokens,
+                    "priority": r.priority,
+                    "submitted_at": r.submitted_at,
+                    "deadline_at": r.deadline_at,
+                    "truncated": r.truncated,
+                    "waited_s": max(0.0, batch.formed_at - item.enqueued_at),
+                }
+            )
+        body = {
+            "batch_id": batch_id,
+            "model": model,
+            "requests": requests,
+            "padded_tokens": batch.padded_tokens,
+            "real_tokens": batch.real_tokens,
+            "reason": batch.reason,
+            "dispatched_at": wall,
+        }
+        self.app.send_task(
+            BATCH_TASK,
+            args=[body],
+            task_id=batch_id,
+            queue=BATCH_QUEUE,
+            producer=self.producer,
+        )
+        # Only now that the batch is safely in the broker are its requests acked.
+        for item in batch.items:
+            assert item.payload is not None
+            item.payload.message.ack()
+            self.held.pop(item.id, None)
+        self.outstanding[batch_id] = self.clock.now()
+        self.stats["dispatched_batches"] += 1
+        self.stats["dispatched_requests"] += len(batch)
+
+    def _expire(self) -> None:
+        expired: list[Item[Held]] = []
+        for sched in self.schedulers.values():
+            expired.extend(sched.expire())
+        if not expired:
+            return
+        self.outcomes.write(
+            [
+                Outcome(
+                    i.id,
+                    error=DeadlineExceeded(i.id, "was not dispatched before its deadline, so it never ran"),
+                    details={"expired": True, "priority": i.priority},
+                )
+                for i in expired
+            ]
+        )
+        for item in expired:
+            assert item.payload is not None
+            item.payload.message.ack()
+            self.held.pop(item.id, None)
+        self.stats["expired"] += len(expired)
+
+    # --- housekeeping ---------------------------------------------------------------
+
+    def _housekeeping(self, *, force: bool = False) -> None:
+        now = self.clock.now()
+        if not force and now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_S
+        r = shared_state.client()
+        policy = shared_state.read_policy(r)
+        if policy != self.policy:
+            log.info("collector applies policy version %d", policy.version)
+            self.policy = policy
+            for sched in self.schedulers.values():
+                sched.set_policy(policy)
+        self.devices = len(shared_state.live_devices(r))
+        for batch_id, sent in list(self.outstanding.items()):
+            if now - sent > STALE_BATCH_S:
+                log.warning("batch %s not reported done after %.0fs; reclaiming its slot", batch_id, now - sent)
+                del self.outstanding[batch_id]
+        buffered = {p: sum(s.depth(p) for s in self.schedulers.values()) for p in PRIORITIES}
+        shared_state.collector_heartbeat(
+            {
+                "hostname": self.hostname,
+                "policy_version": self.policy.version,
+                "devices": self.devices,
+                "outstanding": len(self.outstanding),
+                "buffered": buffered,
+                "stats": self.stats,
+                "at": time.time(),
+            },
+            r,
+        )
+
+    def _drain_at_shutdown(self, conn: Any) -> None:
+        """Dispatch what is held if any device can run it; otherwise leave it unacked,
+        and closing the channels returns it to the broker for the next collector."""
+        if self.devices and self.held:
+            log.info("collector shutting down: dispatching %d held request(s)", len(self.held))
+            self._dispatch(force=True)

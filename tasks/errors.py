@@ -1,0 +1,66 @@
+"""Errors a caller can receive, from `submit` or from `AsyncResult.get()`.
+
+They travel through the JSON result backend as (type, module, args), and Celery rebuilds
+them on the caller's side by importing this module: so each keeps its constructor
+arguments in `args` and imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+
+class BatchingError(Exception):
+    """Base class for every error this system raises on purpose."""
+
+
+class Overloaded(BatchingError):
+    """A priority's queue is at its cap; try again after `retry_after` seconds."""
+
+    def __init__(self, queue: str, cap: int, retry_after: float) -> None:
+        super().__init__(queue, cap, retry_after)
+        self.queue, self.cap, self.retry_after = queue, cap, retry_after
+
+    def __str__(self) -> str:
+        return (
+            f"queue {self.queue!r} is full ({self.cap} requests waiting, its cap); "
+            f"retry after {self.retry_after:.2f}s"
+        )
+
+
+class RequestTooLarge(BatchingError, ValueError):
+    """A request is longer than the model or the batch token budget allows."""
+
+    def __init__(self, tokens: int, limit: int, what: str = "limit") -> None:
+        super().__init__(tokens, limit, what)
+        self.tokens, self.limit, self.what = tokens, limit, what
+
+    def __str__(self) -> str:
+        return (
+            f"request has {self.tokens} tokens, over the {self.what} of {self.limit}; "
+            "shorten it, or ask an operator to set the oversized policy to truncate or run_alone"
+        )
+
+
+class DeadlineExceeded(BatchingError, TimeoutError):
+    """A request was not dispatched before its deadline, so it was never run."""
+
+    def __init__(self, request_id: str, detail: str = "not dispatched before its deadline") -> None:
+        super().__init__(request_id, detail)
+        self.request_id, self.detail = request_id, detail
+
+    def __str__(self) -> str:
+        return f"request {self.request_id} {self.detail}"
+
+
+class BatchOutputMismatch(BatchingError):
+    """The model returned a different number of outputs from the inputs it was given."""
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        super().__init__(inputs, outputs)
+        self.inputs, self.outputs = inputs, outputs
+
+    def __str__(self) -> str:
+        return f"batch function returned {self.outputs} outputs for {self.inputs} inputs"
+
+
+class InferenceError(BatchingError):
+    """The model failed on this request; the message names the cause."""

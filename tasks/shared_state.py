@@ -1,0 +1,121 @@
+"""What processes tell each other through Redis, besides messages.
+
+    batching:policy              JSON of the active BatchPolicy (the admin writes it)
+    batching:device:<id>         one key per live device worker, with a TTL (heartbeat)
+    batching:collector           the collector's own heartbeat and buffered depth per tier
+
+Every key that describes a live process has a TTL, so a killed process disappears by
+itself instead of being counted forever.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from .core.policy import PRIORITIES, BatchPolicy
+
+POLICY_KEY = "batching:policy"
+DEVICE_PREFIX = "batching:device:"
+COLLECTOR_KEY = "batching:collector"
+#: A device or collector that has not written its key for this long is gone.
+HEARTBEAT_TTL_S = 10
+HEARTBEAT_EVERY_S = 2.0
+
+_clients: dict[str, redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def client(url: str | None = None) -> redis.Redis:
+    """One thread-safe client (and connection pool) per Redis URL per process."""
+    url = url or settings.REDIS_URL
+    with _clients_lock:
+        if url not in _clients:
+            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30)
+        return _clients[url]
+
+
+# --- policy --------------------------------------------------------------------------
+
+
+def publish_policy(policy: BatchPolicy, r: redis.Redis | None = None) -> None:
+    (r or client()).set(POLICY_KEY, json.dumps(policy.to_dict()))
+
+
+def read_policy(r: redis.Redis | None = None) -> BatchPolicy:
+    raw = (r or client()).get(POLICY_KEY)
+    return BatchPolicy() if raw is None else BatchPolicy.from_dict(json.loads(raw))
+
+
+class PolicyCache:
+    """The policy as the edge sees it: re-read at most every `max_age_s` seconds."""
+
+    def __init__(self, max_age_s: float = 1.0) -> None:
+        self._max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._policy = BatchPolicy()
+        self._read_at = float("-inf")
+
+    def get(self) -> BatchPolicy:
+        now = time.monotonic()
+        if now - self._read_at >= self._max_age_s:
+            with self._lock:
+                if now - self._read_at >= self._max_age_s:
+                    self._policy = read_policy()
+                    self._read_at = now
+        return self._policy
+
+
+# --- devices ---------------------------------------------------------------------------
+
+
+def device_heartbeat(device_id: str, info: dict[str, Any], r: redis.Redis | None = None) -> None:
+    (r or client()).set(DEVICE_PREFIX + device_id, json.dumps(info), ex=HEARTBEAT_TTL_S)
+
+
+def forget_device(device_id: str, r: redis.Redis | None = None) -> None:
+    (r or client()).delete(DEVICE_PREFIX + device_id)
+
+
+def live_devices(r: redis.Redis | None = None) -> dict[str, dict[str, Any]]:
+    r = r or client()
+    keys = list(r.scan_iter(match=DEVICE_PREFIX + "*", count=100))
+    if not keys:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for key, raw in zip(keys, r.mget(keys), strict=True):
+        if raw is not None:
+            name = key.decode() if isinstance(key, bytes) else key
+            out[name[len(DEVICE_PREFIX) :]] = json.loads(raw)
+    return out
+
+
+# --- collector -------------------------------------------------------------------------
+
+
+def collector_heartbeat(info: dict[str, Any], r: redis.Redis | None = None) -> None:
+    (r or client()).set(COLLECTOR_KEY, json.dumps(info), ex=HEARTBEAT_TTL_S)
+
+
+def read_collector(r: redis.Redis | None = None) -> dict[str, Any] | None:
+    raw = (r or client()).get(COLLECTOR_KEY)
+    return None if raw is None else json.loads(raw)
+
+
+def queue_depths(r: redis.Redis | None = None) -> dict[str, int]:
+    """Requests waiting per tier: in the broker plus in the collector's buffer."""
+    from batching_site.celery import request_queue_name
+
+    r = r or client()
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.llen(request_queue_name(p))
+    pipe.get(COLLECTOR_KEY)
+    *lengths, raw = pipe.execute()
+    buffered = json.loads(raw).get("buffered", {}) if raw else {}
+    return {p: int(n) + int(buffered.get(p, 0)) for p, n in zip(PRIORITIES, lengths, strict=True)}
