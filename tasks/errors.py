@@ -21,8 +21,7 @@ class Overloaded(BatchingError):
 
     def __str__(self) -> str:
         return (
-            f"queue {self.queue!r} is full ({self.cap} requests waiting, its cap); "
-            f"retry after {self.retry_after:.2f}s"
+            f"queue {self.queue!r} is full ({self.cap} requests waiting, its cap); retry after {self.retry_after:.2f}s"
         )
 
 

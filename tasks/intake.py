@@ -109,6 +109,5 @@ def request(payload: dict[str, object]) -> None:
     """The name request messages carry. The collector consumes them itself; a plain
     worker that executes one was started on the wrong queues."""
     raise RuntimeError(
-        "request messages are consumed by the batch collector; "
-        "do not start an ordinary worker on the requests.* queues"
+        "request messages are consumed by the batch collector; do not start an ordinary worker on the requests.* queues"
     )

@@ -32,9 +32,7 @@ def _make(name: str) -> ModelSpec:
 def get_spec(name: str) -> ModelSpec:
     """The singleton spec for ``name``; shared so the tokenizer loads once per process."""
     if not isinstance(name, str) or name not in MODEL_NAMES:
-        raise ValueError(
-            f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}"
-        )
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
     spec = _specs.get(name)
     if spec is None:
         with _lock:

@@ -25,9 +25,7 @@ def check_device(device: str) -> str:
     from deep inside torch after the model weights were already read.
     """
     if not isinstance(device, str) or not _DEVICE_RE.match(device):
-        raise ValueError(
-            f"bad device {device!r}; expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'"
-        )
+        raise ValueError(f"bad device {device!r}; expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'")
     return device
 
 

@@ -98,20 +98,12 @@ class MiniLMSpec(ModelSpec):
 
     def truncate(self, text: str, max_tokens: int) -> tuple[str, int]:
         if max_tokens < _SPECIAL_TOKENS:
-            raise ValueError(
-                f"max_tokens must be >= {_SPECIAL_TOKENS} (room for [CLS]/[SEP]), got {max_tokens}"
-            )
+            raise ValueError(f"max_tokens must be >= {_SPECIAL_TOKENS} (room for [CLS]/[SEP]), got {max_tokens}")
         enc = self._encode(text)
         count = len(enc.ids)
         if count <= max_tokens:
             return text, count
-        ends = [
-            end
-            for (_, end), special in zip(
-                enc.offsets, enc.special_tokens_mask, strict=True
-            )
-            if not special
-        ]
+        ends = [end for (_, end), special in zip(enc.offsets, enc.special_tokens_mask, strict=True) if not special]
         keep = max_tokens - _SPECIAL_TOKENS
         # Cutting at a token's end offset re-tokenises to the same prefix for
         # WordPiece, but normalisation corner cases could in principle add a

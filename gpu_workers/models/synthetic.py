@@ -115,9 +115,7 @@ class SyntheticSpec(ModelSpec):
 
     def truncate(self, text: str, max_tokens: int) -> tuple[str, int]:
         if max_tokens < _SPECIAL_TOKENS:
-            raise ValueError(
-                f"max_tokens must be >= {_SPECIAL_TOKENS}, got {max_tokens}"
-            )
+            raise ValueError(f"max_tokens must be >= {_SPECIAL_TOKENS}, got {max_tokens}")
         words = text.split()
         if len(words) + _SPECIAL_TOKENS <= max_tokens:
             return text, len(words) + _SPECIAL_TOKENS
@@ -167,9 +165,7 @@ class SyntheticRunner(BatchRunner):
             return []
         for text in texts:
             if FAIL_MARKER in text:
-                raise PoisonInput(
-                    f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}"
-                )
+                raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
         seconds = self.batch_seconds(texts)
         with self._lock:
             self._sleep(seconds)

