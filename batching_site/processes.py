@@ -71,6 +71,28 @@ def default_devices(configured: list[str]) -> list[str]:
 # --- a whole local system, for tests and benchmarks ---------------------------------------
 
 
+def connect(redis_url: str) -> None:
+    """Make this process a client of the system at `redis_url`: the client API, the
+    result backend and the shared state all read the address from here."""
+    from django.conf import settings
+
+    from tasks import client, shared_state
+
+    from .celery import app
+
+    settings.REDIS_URL = redis_url
+    app.conf.broker_url = redis_url
+    app.conf.result_backend = redis_url
+    # Forget connections made to any earlier address.
+    app._local.__dict__.clear()  # the per-thread result backend
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+    shared_state._clients.clear()
+    client._policy._read_at = float("-inf")
+
+
 def free_port() -> int:
 
     with socket.socket() as s:

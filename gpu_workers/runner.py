@@ -5,8 +5,10 @@ A device worker creates exactly one `DeviceRunner` when it starts (see
 
 1. skips requests that already have an outcome (a redelivered batch) and fails those
    past their deadline (they must never run late);
-2. runs the rest in one model call; if that raises, splits the batch in halves and
-   retries each, so only inputs that fail on their own fail (at most log2(n) levels);
+2. runs the rest in one model call under a time limit learned from past batches; if
+   the call raises or runs too long, splits the batch in halves and retries each, so
+   only inputs that fail on their own fail, and inputs too slow to share a batch are
+   found and run alone (at most log2(n) levels);
 3. writes every request's own outcome in one round trip, under its own task id;
 4. tells the collector the device is free again.
 """
@@ -27,11 +29,16 @@ from kombu import Producer
 from batching_site.celery import EVENTS_QUEUE
 from gpu_workers.models import get_spec
 from gpu_workers.models.base import BatchRunner
+from gpu_workers.watchdog import BatchTooSlow, Watchdog
 from tasks import shared_state
+from tasks.core.slowness import CostModel, fingerprint
 from tasks.errors import BatchOutputMismatch, DeadlineExceeded, InferenceError
 from tasks.outcomes import Outcome, OutcomeWriter
 
 log = logging.getLogger(__name__)
+
+#: Marks a request that was too slow to run with others; it runs alone afterwards.
+_SLOW = object()
 
 
 class DeviceRunner:
@@ -44,6 +51,9 @@ class DeviceRunner:
         self.batches = 0
         self.requests = 0
         self.busy_s = 0.0
+        self.isolated = 0
+        self.costs: dict[str, CostModel] = {}
+        self.watchdog = Watchdog()
         self.started_at = time.time()
         self._stop = threading.Event()
         for name in preload:
@@ -64,6 +74,7 @@ class DeviceRunner:
         self._stop.set()
         self._heartbeat.join(timeout=5)
         shared_state.forget_device(self.device_id)
+        self.watchdog.close()
         for runner in self._models.values():
             runner.close()
         self._models.clear()
@@ -72,6 +83,7 @@ class DeviceRunner:
 
     def execute(self, batch: dict[str, Any]) -> dict[str, Any]:
         started = time.time()
+        model = batch["model"]
         requests: list[dict[str, Any]] = batch["requests"]
         todo_ids = self._outcomes.missing([r["id"] for r in requests])
         todo = [r for r in requests if r["id"] in todo_ids]
@@ -85,9 +97,10 @@ class DeviceRunner:
             else:
                 live.append(r)
 
-        runner = self.model(batch["model"])
+        runner = self.model(model)
+        slow_lane = batch.get("lane") == "slow"
         t0 = time.perf_counter()
-        results = self._run_isolating(runner, [r["text"] for r in live]) if live else []
+        results = self._run_guarded(model, runner, live, slow_lane=slow_lane) if live else []
         run_s = time.perf_counter() - t0
 
         base = {
@@ -100,25 +113,33 @@ class DeviceRunner:
             "started_at": started,
             "run_ms": round(run_s * 1000, 3),
         }
+        slow: list[dict[str, Any]] = []
         for r, res in zip(live, results, strict=True):
-            details = {
-                **base,
-                "tokens": r["tokens"],
-                "priority": r["priority"],
-                "submitted_at": r["submitted_at"],
-                "waited_ms": round(r.get("waited_s", 0.0) * 1000, 3),
-                "truncated": bool(r.get("truncated")),
-            }
+            if res is _SLOW:
+                slow.append(r)
+                continue
+            details = self._details(base, r, isolated=slow_lane)
             if isinstance(res, BaseException):
                 outcomes.append(Outcome(r["id"], error=res, details=details))
             else:
                 outcomes.append(Outcome(r["id"], result=res, details=details))
+        # Batch-mates are answered before the slow inputs run on their own.
         written = self._outcomes.write(outcomes)
+        if slow:
+            written += self._outcomes.write(self._isolate(model, runner, slow, base))
 
         self.batches += 1
         self.requests += len(live)
-        self.busy_s += run_s
-        self._emit({"kind": "done", "batch_id": batch["batch_id"], "device": self.device_id})
+        self.busy_s += time.perf_counter() - t0
+        self._emit(
+            {
+                "kind": "done",
+                "batch_id": batch["batch_id"],
+                "device": self.device_id,
+                "padded_tokens": batch.get("padded_tokens") or 0,
+                "run_ms": base["run_ms"],
+            }
+        )
         return {
             "batch_id": batch["batch_id"],
             "device": self.device_id,
@@ -126,24 +147,78 @@ class DeviceRunner:
             "ran": len(live),
             "written": written,
             "skipped": len(requests) - len(todo),
+            "isolated": len(slow),
             "run_ms": base["run_ms"],
         }
 
-    def _run_isolating(self, runner: BatchRunner, texts: list[str]) -> list[Any]:
-        """Run texts as one batch; if the batch raises, bisect so that only the inputs
-        that fail on their own get an error, and their batch-mates still get answers."""
+    @staticmethod
+    def _details(base: dict[str, Any], r: dict[str, Any], *, isolated: bool = False) -> dict[str, Any]:
+        return {
+            **base,
+            "tokens": r["tokens"],
+            "priority": r["priority"],
+            "submitted_at": r["submitted_at"],
+            "waited_ms": round(r.get("waited_s", 0.0) * 1000, 3),
+            "truncated": bool(r.get("truncated")),
+            "isolated": isolated,
+        }
+
+    def _run_guarded(
+        self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]], *, slow_lane: bool = False
+    ) -> list[Any]:
+        """Run requests as one batch under a time limit learned from past batches.
+
+        A batch that raises is bisected, so only inputs that fail on their own fail and
+        their batch-mates still get answers (at most log2(n) levels). A batch cut off
+        for running too long is bisected the same way, and a single request that is
+        too slow on its own comes back as _SLOW, to be run alone afterwards.
+        """
+        costs = self.costs.setdefault(model, CostModel())
+        padded = len(reqs) * max(r["tokens"] for r in reqs)
+        limit = costs.hard_limit_s if slow_lane else costs.limit_s(padded)
+        t0 = time.perf_counter()
         try:
-            out = runner.run_batch(texts)
-            if len(out) != len(texts):
-                raise BatchOutputMismatch(len(texts), len(out))
-            return list(out)
+            with self.watchdog.limit(limit):
+                out = runner.run_batch([r["text"] for r in reqs])
+            if len(out) != len(reqs):
+                raise BatchOutputMismatch(len(reqs), len(out))
         except BatchOutputMismatch as exc:
-            return [exc] * len(texts)
+            return [exc] * len(reqs)
+        except BatchTooSlow:
+            log.warning("batch of %d (%d padded tokens) passed its %.3fs limit", len(reqs), padded, limit)
+            if slow_lane or len(reqs) == 1:
+                return [_SLOW if not slow_lane else InferenceError(f"ran past the {limit:.0f}s hard limit")]
+            mid = len(reqs) // 2
+            return self._run_guarded(model, runner, reqs[:mid]) + self._run_guarded(model, runner, reqs[mid:])
         except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
-            if len(texts) == 1:
+            if len(reqs) == 1:
                 return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
-            mid = len(texts) // 2
-            return self._run_isolating(runner, texts[:mid]) + self._run_isolating(runner, texts[mid:])
+            mid = len(reqs) // 2
+            return self._run_guarded(model, runner, reqs[:mid]) + self._run_guarded(model, runner, reqs[mid:])
+        if not slow_lane:
+            costs.observe(padded, time.perf_counter() - t0)
+        return list(out)
+
+    def _isolate(
+        self, model: str, runner: BatchRunner, slow: list[dict[str, Any]], base: dict[str, Any]
+    ) -> list[Outcome]:
+        """Run each too-slow input alone, remember it so the collector sends it to the
+        slow lane next time, and mark its result as isolated."""
+        outcomes = []
+        r_client = shared_state.client()
+        for r in slow:
+            fp = fingerprint(model, r["text"])
+            r_client.sadd(shared_state.SLOW_INPUTS_KEY, fp)
+            r_client.expire(shared_state.SLOW_INPUTS_KEY, shared_state.SLOW_INPUTS_TTL_S)
+            self._emit({"kind": "slow", "fingerprint": fp})
+            self.isolated += 1
+            res = self._run_guarded(model, runner, [r], slow_lane=True)[0]
+            details = self._details(base, r, isolated=True)
+            if isinstance(res, BaseException):
+                outcomes.append(Outcome(r["id"], error=res, details=details))
+            else:
+                outcomes.append(Outcome(r["id"], result=res, details=details))
+        return outcomes
 
     # --- talking to the collector -----------------------------------------------------
 
@@ -167,6 +242,7 @@ class DeviceRunner:
                         "batches": self.batches,
                         "requests": self.requests,
                         "busy_s": round(self.busy_s, 3),
+                        "isolated": self.isolated,
                         "at": time.time(),
                     },
                 )

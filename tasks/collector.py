@@ -35,6 +35,7 @@ import uuid
 from typing import Any
 
 from celery import Celery
+from django.conf import settings
 from kombu import Consumer, Exchange, Message, Producer, Queue
 
 from batching_site.celery import (
@@ -42,13 +43,15 @@ from batching_site.celery import (
     BATCH_TASK,
     EVENTS_QUEUE,
     REQUEST_TASK,
+    device_queue_name,
     request_queue_name,
 )
 
-from . import shared_state
+from . import rounds, shared_state
 from .core.clock import Clock, MonotonicClock
 from .core.policy import PRIORITIES, BatchPolicy
 from .core.scheduler import Batch, Item, Scheduler
+from .core.slowness import CostModel, fingerprint
 from .errors import DeadlineExceeded
 from .intake import Request
 from .outcomes import Outcome, OutcomeWriter
@@ -58,9 +61,11 @@ log = logging.getLogger(__name__)
 #: How often the collector re-reads the policy and the live devices, and writes its own
 #: heartbeat. A policy saved in the admin takes effect within this (plus one batch).
 HOUSEKEEPING_S = 0.25
-#: A batch a device has not reported done after this long is presumed lost with its
-#: device; its slot is reclaimed (the batch itself is redelivered by the broker).
-STALE_BATCH_S = 60.0
+#: A batch a device has not reported done after this many times its expected time (and
+#: at least STALE_MIN_S) is presumed lost with its device: its slot is reclaimed. The
+#: batch itself is redelivered by the broker after the visibility timeout.
+STALE_FACTOR = 4.0
+STALE_MIN_S = 3.0
 
 
 def events_queue() -> Queue:
@@ -70,11 +75,13 @@ def events_queue() -> Queue:
 class Held:
     """A request the collector holds: its parsed form and the message to ack later."""
 
-    __slots__ = ("message", "request")
+    __slots__ = ("message", "request", "slow")
 
-    def __init__(self, request: Request, message: Message) -> None:
+    def __init__(self, request: Request, message: Message, slow: bool = False) -> None:
         self.request = request
         self.message = message
+        #: A device found this input too slow to share a batch: it runs alone.
+        self.slow = slow
 
 
 class Collector:
@@ -94,9 +101,17 @@ class Collector:
         # One scheduler per model: a batch runs one model.
         self.schedulers: dict[str, Scheduler[Held]] = {}
         self.held: dict[str, Item[Held]] = {}
-        self.outstanding: dict[str, float] = {}
+        # batch id -> (when sent, padded tokens): batches a device has not reported done.
+        self.outstanding: dict[str, tuple[float, int]] = {}
+        self.costs = CostModel()
+        self.slow_inputs: set[str] = set()
+        self._next_slow_refresh = 0.0
         self.devices = 0
-        self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0}
+        self.device_names: list[str] = []
+        # "pull", or "push": the round-robin baseline of bench/devices_bench.py only.
+        self.dispatch = settings.COLLECTOR_DISPATCH
+        self._pushed = 0
+        self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0, "rounds": 0}
         self.outcomes = OutcomeWriter(app)
         self._next_housekeeping = 0.0
         self.hostname = socket.gethostname()
@@ -186,6 +201,7 @@ class Collector:
             previous.payload.message = message
             return
         now = self.clock.now()
+        slow = fingerprint(request.model, request.text) in self.slow_inputs
         age = max(0.0, time.time() - request.submitted_at)
         deadline = None if request.deadline_at is None else now + (request.deadline_at - time.time())
         item: Item[Held] = Item(
@@ -194,8 +210,8 @@ class Collector:
             priority=request.priority,
             enqueued_at=now - age,
             deadline=deadline,
-            payload=Held(request, message),
-            alone=request.alone,
+            payload=Held(request, message, slow),
+            alone=request.alone or slow,
         )
         sched = self.schedulers.get(request.model)
         if sched is None:
@@ -206,7 +222,10 @@ class Collector:
     def _on_event(self, body: Any, message: Message) -> None:
         kind = body.get("kind") if isinstance(body, dict) else None
         if kind == "done":
-            self.outstanding.pop(body.get("batch_id"), None)
+            if self.outstanding.pop(body.get("batch_id"), None) is not None:
+                self.costs.observe(int(body.get("padded_tokens") or 0), float(body.get("run_ms") or 0) / 1000)
+        elif kind == "slow":
+            self.slow_inputs.add(str(body.get("fingerprint")))
         elif kind == "hello":
             self._next_housekeeping = 0.0
 
@@ -216,11 +235,15 @@ class Collector:
         return max(0, self.devices * (1 + self.batches_ahead) - len(self.outstanding))
 
     def _dispatch(self, *, force: bool = False) -> None:
-        while self._free_slots() > 0 or (force and self.devices):
+        # Everything this turn can send leaves together: two or more batches form a round.
+        formed: list[tuple[str, Batch[Held]]] = []
+        while self._free_slots() > len(formed) or (force and self.devices):
             batch = self._next_batch(force=force)
             if batch is None:
-                return
-            self._send(batch)
+                break
+            formed.append(batch)
+        if formed:
+            self._send(formed)
 
     def _next_batch(self, *, force: bool) -> tuple[str, Batch[Held]] | None:
         # The model whose oldest request has waited longest goes first.
@@ -235,7 +258,7 @@ class Collector:
                 return model, batch
         return None
 
-    def _send(self, model_batch: tuple[str, Batch[Held]]) -> None:
+    def _message(self, model_batch: tuple[str, Batch[Held]]) -> dict[str, Any]:
         model, batch = model_batch
         batch_id = str(uuid.uuid4())
         wall = time.time()
@@ -263,22 +286,41 @@ class Collector:
             "real_tokens": batch.real_tokens,
             "reason": batch.reason,
             "dispatched_at": wall,
+            "lane": "slow" if any(i.payload and i.payload.slow for i in batch.items) else "normal",
         }
-        self.app.send_task(
-            BATCH_TASK,
-            args=[body],
-            task_id=batch_id,
-            queue=BATCH_QUEUE,
-            producer=self.producer,
-        )
-        # Only now that the batch is safely in the broker are its requests acked.
-        for item in batch.items:
-            assert item.payload is not None
-            item.payload.message.ack()
-            self.held.pop(item.id, None)
-        self.outstanding[batch_id] = self.clock.now()
-        self.stats["dispatched_batches"] += 1
-        self.stats["dispatched_requests"] += len(batch)
+        return body
+
+    def _send(self, formed: list[tuple[str, Batch[Held]]]) -> None:
+        bodies = [self._message(mb) for mb in formed]
+        if len(bodies) == 1:
+            body = bodies[0]
+            self.app.send_task(
+                BATCH_TASK, args=[body], task_id=body["batch_id"], queue=self._queue(), producer=self.producer
+            )
+        else:
+            # A round: one chord, whose callback records the round (tasks/rounds.py).
+            # Callers do not wait on it; each request is answered by its own batch.
+            meta = {"round_id": str(uuid.uuid4()), "dispatched_at": time.time()}
+            rounds.round_chord(self.app, [(b, self._queue()) for b in bodies], meta).apply_async()
+            self.stats["rounds"] += 1
+        # Only now that every batch is safely in the broker are their requests acked.
+        for (_, batch), body in zip(formed, bodies, strict=True):
+            for item in batch.items:
+                assert item.payload is not None
+                item.payload.message.ack()
+                self.held.pop(item.id, None)
+            self.outstanding[body["batch_id"]] = (self.clock.now(), batch.padded_tokens)
+            self.stats["dispatched_batches"] += 1
+            self.stats["dispatched_requests"] += len(batch)
+
+    def _queue(self) -> str:
+        # BASELINE ONLY (COLLECTOR_DISPATCH=push, for bench/devices_bench.py): deal batches
+        # round-robin onto the devices' own queues, the coordinator-push design that
+        # worker-pull replaces. Pull sends everything to `batches`.
+        if self.dispatch != "push" or not self.device_names:
+            return BATCH_QUEUE
+        self._pushed += 1
+        return device_queue_name(self.device_names[self._pushed % len(self.device_names)])
 
     def _expire(self) -> None:
         expired: list[Item[Held]] = []
@@ -316,11 +358,17 @@ class Collector:
             self.policy = policy
             for sched in self.schedulers.values():
                 sched.set_policy(policy)
-        self.devices = len(shared_state.live_devices(r))
-        for batch_id, sent in list(self.outstanding.items()):
-            if now - sent > STALE_BATCH_S:
-                log.warning("batch %s not reported done after %.0fs; reclaiming its slot", batch_id, now - sent)
+        live = shared_state.live_devices(r)
+        self.devices = len(live)
+        self.device_names = sorted(str(info.get("device")) for info in live.values())
+        for batch_id, (sent, padded) in list(self.outstanding.items()):
+            expected = self.costs.expected_s(padded) or 0.0
+            if now - sent > max(STALE_MIN_S, STALE_FACTOR * expected):
+                log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, now - sent)
                 del self.outstanding[batch_id]
+        if now >= self._next_slow_refresh:
+            self._next_slow_refresh = now + 5.0
+            self.slow_inputs = {m.decode() for m in r.smembers(shared_state.SLOW_INPUTS_KEY)}
         buffered = {p: sum(s.depth(p) for s in self.schedulers.values()) for p in PRIORITIES}
         shared_state.collector_heartbeat(
             {

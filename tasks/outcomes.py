@@ -20,11 +20,17 @@ from typing import Any
 from celery import states
 from celery.app.base import Celery
 
+#: Counters of first answers and of refused second answers: a test of "nobody is
+#: answered twice" reads them, and so can an operator after a crash.
+ANSWERS_KEY = "batching:answers"
+
 _SET_ONCE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
+    redis.call('HINCRBY', KEYS[2], 'first', 1)
     return 1
 end
+redis.call('HINCRBY', KEYS[2], 'refused', 1)
 return 0
 """
 
@@ -82,7 +88,7 @@ class OutcomeWriter:
                 "batching": o.details,
             }
             script(
-                keys=[backend.get_key_for_task(o.task_id)],
+                keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY],
                 args=[backend.encode(meta), int(expires or 86400)],
                 client=pipe,
             )

@@ -3,6 +3,7 @@
     batching:policy              JSON of the active BatchPolicy (the admin writes it)
     batching:device:<id>         one key per live device worker, with a TTL (heartbeat)
     batching:collector           the collector's own heartbeat and buffered depth per tier
+    batching:slow_inputs         fingerprints of inputs too slow to share a batch
 
 Every key that describes a live process has a TTL, so a killed process disappears by
 itself instead of being counted forever.
@@ -23,6 +24,9 @@ from .core.policy import PRIORITIES, BatchPolicy
 POLICY_KEY = "batching:policy"
 DEVICE_PREFIX = "batching:device:"
 COLLECTOR_KEY = "batching:collector"
+#: Fingerprints of inputs found too slow to share a batch: they go to the slow lane.
+SLOW_INPUTS_KEY = "batching:slow_inputs"
+SLOW_INPUTS_TTL_S = 3600
 #: A device or collector that has not written its key for this long is gone.
 HEARTBEAT_TTL_S = 10
 HEARTBEAT_EVERY_S = 2.0

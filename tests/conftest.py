@@ -13,24 +13,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def point_at(redis_url: str) -> None:
-    """Make this test process talk to `redis_url`: the client API, the result backend
-    and the shared state all read it from here."""
-    from django.conf import settings
+    from batching_site.processes import connect
 
-    from batching_site.celery import app
-    from tasks import client, shared_state
-
-    settings.REDIS_URL = redis_url
-    app.conf.broker_url = redis_url
-    app.conf.result_backend = redis_url
-    # Forget connections made to any earlier address.
-    app._local.__dict__.clear()  # the per-thread result backend
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-    shared_state._clients.clear()
-    client._policy._read_at = float("-inf")
+    connect(redis_url)
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +42,48 @@ def redis_client(live_system: object):  # type: ignore[no-untyped-def]
     from tasks import shared_state
 
     return shared_state.client()
+
+
+def apply_policy(policy: object, *, timeout: float = 5.0) -> object:
+    """Publish `policy` under a fresh version, wait until the running collector's
+    heartbeat shows that version, and make this process's client read it at once.
+    Returns the policy as published."""
+    from tasks import client, shared_state
+
+    current = shared_state.read_collector() or {}
+    version = max(shared_state.read_policy().version, int(current.get("policy_version") or 0)) + 1
+    published = policy.evolve(version=version)  # type: ignore[attr-defined]
+    shared_state.publish_policy(published)
+    client._policy._read_at = float("-inf")
+    wait_for_collector_policy(version, timeout=timeout)
+    return published
+
+
+def wait_for_collector_policy(version: int, *, timeout: float = 5.0) -> float:
+    """Poll the collector heartbeat until it runs `version`; returns when it did
+    (time.monotonic()), or fails the test after `timeout` seconds."""
+    import time
+
+    from tasks import shared_state
+
+    deadline = time.monotonic() + timeout
+    beat: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        beat = shared_state.read_collector() or {}
+        if beat.get("policy_version") == version:
+            return time.monotonic()
+        time.sleep(0.01)
+    pytest.fail(f"collector did not apply policy version {version} within {timeout}s (heartbeat {beat})")
+
+
+@pytest.fixture
+def restore_policy(live_system: object) -> Iterator[None]:
+    """The live system is shared by every test file: put the default policy back after
+    a test that changes it, and wait until the collector runs it again."""
+    yield
+    from tasks import client, shared_state
+    from tasks.core.policy import BatchPolicy
+
+    shared_state.publish_policy(BatchPolicy())
+    client._policy._read_at = float("-inf")
+    wait_for_collector_policy(0)

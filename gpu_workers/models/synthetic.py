@@ -132,6 +132,10 @@ class SyntheticSpec(ModelSpec):
         )
 
 
+#: Longest uninterrupted sleep inside one batch.
+SLICE_S = 0.005
+
+
 class SyntheticRunner(BatchRunner):
     def __init__(
         self,
@@ -168,7 +172,12 @@ class SyntheticRunner(BatchRunner):
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
         seconds = self.batch_seconds(texts)
         with self._lock:
-            self._sleep(seconds)
+            # In slices, like a model running layer by layer: a watchdog that interrupts
+            # a batch gets control back within one slice, as it would between layers.
+            while seconds > 0:
+                step = min(seconds, SLICE_S)
+                self._sleep(step)
+                seconds -= step
         return [embed(t) for t in texts]
 
     def close(self) -> None:

@@ -1,0 +1,147 @@
+"""Nothing lost, nothing answered twice, nothing stuck: real processes, killed for real.
+
+These tests run their own system (so they can kill its processes) with a short
+visibility timeout, so that messages held by a killed process come back in seconds.
+`make chaos` runs this file five times in a row.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+
+from batching_site.processes import LocalSystem, connect
+from gpu_workers.models import synthetic
+from tasks import shared_state
+from tasks.client import details, submit, submit_many
+from tasks.outcomes import ANSWERS_KEY
+
+pytestmark = pytest.mark.live
+
+N_REQUESTS = 500
+N_THREADS = 8
+
+
+@pytest.fixture(scope="module")
+def chaos_system() -> Iterator[LocalSystem]:
+    previous = settings.REDIS_URL
+    system = LocalSystem(
+        devices=["cpu:0", "cpu:1"],
+        preload="synthetic",
+        env={
+            "VISIBILITY_TIMEOUT_S": "4",
+            "SYNTHETIC_OVERHEAD_S": "0.004",
+            "SYNTHETIC_PER_TOKEN_S": "0.0006",
+        },
+    )
+    try:
+        system.start(timeout=120)
+        assert system.redis_url
+        connect(system.redis_url)
+        yield system
+    finally:
+        system.close()
+        connect(previous)
+
+
+def answers() -> dict[str, int]:
+    raw = shared_state.client().hgetall(ANSWERS_KEY)
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def texts_for(run: str, n: int = N_REQUESTS) -> list[str]:
+    return [f"{run} request {i} " + "word " * (i % 17) for i in range(n)]
+
+
+def load_with(fault: callable, run: str) -> None:  # type: ignore[valid-type]
+    """Put N_REQUESTS in flight from N_THREADS threads, inject `fault` once some answers
+    have come back, and check that every caller gets exactly its own answer."""
+    texts = texts_for(run)
+    before = answers().get("first", 0)
+    results: dict[int, object] = {}
+    lock = threading.Lock()
+
+    def submitter(k: int) -> None:
+        mine = list(range(k, N_REQUESTS, N_THREADS))
+        for i, r in zip(mine, submit_many([texts[i] for i in mine], model="synthetic"), strict=True):
+            with lock:
+                results[i] = r
+
+    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == N_REQUESTS
+
+    deadline = time.monotonic() + 30
+    while answers().get("first", 0) - before < N_REQUESTS // 10:
+        assert time.monotonic() < deadline, "no progress before the fault"
+        time.sleep(0.01)
+    fault()
+
+    for i in range(N_REQUESTS):
+        r = results[i]
+        assert r.get(timeout=90) == synthetic.embed(texts[i]), f"request {i} got a wrong answer"  # type: ignore[attr-defined]
+        assert r.state == "SUCCESS"  # type: ignore[attr-defined]
+    # Exactly one first answer per request: a redelivered batch rewrote nothing.
+    assert answers().get("first", 0) - before == N_REQUESTS
+
+
+def test_device_worker_killed_mid_batch_loses_nothing(chaos_system: LocalSystem) -> None:
+    def kill_and_restart() -> None:
+        chaos_system.stop("gpu-cpu0", signal.SIGKILL)
+        chaos_system.start_device("cpu:0")
+
+    load_with(kill_and_restart, "device-kill")
+    chaos_system.wait_ready(2)
+
+
+def test_collector_killed_loses_nothing(chaos_system: LocalSystem) -> None:
+    def kill_and_restart() -> None:
+        chaos_system.stop("collector", signal.SIGKILL)
+        chaos_system.start_collector()
+
+    load_with(kill_and_restart, "collector-kill")
+    chaos_system.wait_ready(2)
+
+
+def test_poison_input_fails_alone_in_a_batch_of_32(chaos_system: LocalSystem) -> None:
+    texts = [f"poison test {i}" for i in range(32)]
+    texts[9] = "poison test !fail"
+    results = submit_many(texts, model="synthetic")
+    outcomes = []
+    for t, r in zip(texts, results, strict=True):
+        try:
+            outcomes.append(r.get(timeout=60) == synthetic.embed(t))
+        except Exception as exc:  # noqa: BLE001 - the one expected failure
+            assert "!fail" in t and "PoisonInput" in str(exc)
+            outcomes.append("error")
+    assert outcomes.count(True) == 31 and outcomes.count("error") == 1
+
+
+def test_slow_inputs_are_isolated_and_remembered(chaos_system: LocalSystem) -> None:
+    # Warm the devices' cost models with normal batches first.
+    for r in submit_many([f"warm up {i} " + "w " * (i % 9) for i in range(200)], model="synthetic"):
+        r.get(timeout=60)
+    slow_text = "this input is pathological !slow " + "x " * 20
+    normal = [f"steady {i} " + "w " * (i % 9) for i in range(40)]
+    first = submit_many([*normal[:20], slow_text, *normal[20:]], model="synthetic")
+    for r in first:
+        r.get(timeout=60)
+    d = details(first[20])
+    assert d["isolated"] is True, d
+    assert all(not details(r)["isolated"] for i, r in enumerate(first) if i != 20)
+    # Seen once, it never shares a batch again: it goes straight to the slow lane.
+    deadline = time.monotonic() + 10
+    while True:
+        again = submit(slow_text, model="synthetic")
+        again.get(timeout=60)
+        if details(again)["batch_size"] == 1 and details(again)["isolated"]:
+            break
+        assert time.monotonic() < deadline, details(again)
