@@ -26,11 +26,12 @@ from typing import Any
 from celery import Celery
 from kombu import Producer
 
-from batching_site.celery import EVENTS_QUEUE
+from batching_site.celery import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
 from gpu_workers.models import get_spec
 from gpu_workers.models.base import BatchRunner
 from gpu_workers.watchdog import BatchTooSlow, Watchdog
 from tasks import shared_state
+from tasks.core.circuit import CircuitBreaker
 from tasks.core.slowness import CostModel, fingerprint
 from tasks.errors import BatchOutputMismatch, DeadlineExceeded, InferenceError
 from tasks.outcomes import Outcome, OutcomeWriter
@@ -39,12 +40,23 @@ log = logging.getLogger(__name__)
 
 #: Marks a request that was too slow to run with others; it runs alone afterwards.
 _SLOW = object()
+#: Device failures in a row that open a device's circuit, and how long it stays open.
+CIRCUIT_THRESHOLD = int(os.environ.get("CIRCUIT_THRESHOLD", "3"))
+CIRCUIT_COOLDOWN_S = float(os.environ.get("CIRCUIT_COOLDOWN_S", "30"))
+#: A batch handed back this many times runs anyway, so that with every device broken
+#: its callers still get errors instead of waiting forever.
+MAX_BOUNCES = 8
+#: Words in an error that blame the device rather than the input.
+_DEVICE_ERROR_MARKS = ("CUDA", "OutOfMemory", "out of memory", "DeviceFault", "device-side")
 
 
 class DeviceRunner:
-    def __init__(self, app: Celery, device: str, *, preload: Sequence[str] = ()) -> None:
+    def __init__(self, app: Celery, device: str, *, preload: Sequence[str] = (), nodename: str | None = None) -> None:
         self.app = app
         self.device = device
+        #: The Celery worker's name, to stop and resume its consuming when the circuit trips.
+        self.nodename = nodename
+        self.breaker = CircuitBreaker(time.monotonic, threshold=CIRCUIT_THRESHOLD, cooldown_s=CIRCUIT_COOLDOWN_S)
         self.device_id = f"{device}@{socket.gethostname()}"
         self._models: dict[str, BatchRunner] = {}
         self._outcomes = OutcomeWriter(app)
@@ -82,6 +94,8 @@ class DeviceRunner:
     # --- one batch ------------------------------------------------------------------
 
     def execute(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if not self.breaker.allow() and batch.get("bounces", 0) < MAX_BOUNCES:
+            return self._bounce(batch)
         started = time.time()
         model = batch["model"]
         requests: list[dict[str, Any]] = batch["requests"]
@@ -113,6 +127,14 @@ class DeviceRunner:
             "started_at": started,
             "run_ms": round(run_s * 1000, 3),
         }
+        if self._device_failed(results):
+            if self.breaker.record_failure():
+                self._open_circuit()
+            if batch.get("bounces", 0) < MAX_BOUNCES:
+                # The device failed, not these inputs: another device answers them.
+                return self._bounce(batch)
+        elif any(not isinstance(res, BaseException) for res in results):
+            self.breaker.record_success()
         slow: list[dict[str, Any]] = []
         for r, res in zip(live, results, strict=True):
             if res is _SLOW:
@@ -150,6 +172,53 @@ class DeviceRunner:
             "isolated": len(slow),
             "run_ms": base["run_ms"],
         }
+
+    # --- device health ----------------------------------------------------------------
+
+    @staticmethod
+    def _device_failed(results: list[Any]) -> bool:
+        """Every input failed, and not because of itself: several inputs failing on
+        their own at once, or an error that names the device."""
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not results or len(errors) != len(results):
+            return False
+        return len(errors) >= 2 or any(m in str(errors[0]) for m in _DEVICE_ERROR_MARKS)
+
+    def _open_circuit(self) -> None:
+        log.error(
+            "device %s failed %d batches in a row: circuit open, not pulling work for %.0fs",
+            self.device_id,
+            self.breaker.failures,
+            self.breaker.cooldown_s,
+        )
+        self._consume(False)
+        timer = threading.Timer(self.breaker.seconds_until_half_open(), self._consume, args=(True,))
+        timer.daemon = True
+        timer.start()
+
+    def _consume(self, on: bool) -> None:
+        """Stop or resume pulling from the shared batch queue (pinned work still comes)."""
+        if not self.nodename:
+            return
+        try:
+            if on:
+                log.info("device %s circuit half-open: pulling one batch to test it", self.device_id)
+                self.app.control.add_consumer(BATCH_QUEUE, destination=[self.nodename])
+            else:
+                self.app.control.cancel_consumer(BATCH_QUEUE, destination=[self.nodename])
+        except Exception:  # noqa: BLE001 - the bounce below still keeps work away
+            log.warning("could not change consuming of %s", BATCH_QUEUE, exc_info=True)
+
+    def _bounce(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Hand a batch back to the shared queue for a healthy device."""
+        bounces = batch.get("bounces", 0) + 1
+        self.app.send_task(
+            BATCH_TASK,
+            args=[{**batch, "bounces": bounces}],
+            task_id=f"{batch['batch_id']}-bounce{bounces}",
+            queue=BATCH_QUEUE,
+        )
+        return {"batch_id": batch["batch_id"], "device": self.device_id, "bounced": bounces}
 
     @staticmethod
     def _details(base: dict[str, Any], r: dict[str, Any], *, isolated: bool = False) -> dict[str, Any]:
@@ -243,6 +312,8 @@ class DeviceRunner:
                         "requests": self.requests,
                         "busy_s": round(self.busy_s, 3),
                         "isolated": self.isolated,
+                        "circuit": self.breaker.state,
+                        "circuit_trips": self.breaker.trips,
                         "at": time.time(),
                     },
                 )

@@ -33,7 +33,7 @@ class DeviceStep(bootsteps.StartStopStep):
 
         models = [m for m in (self.preload or settings.DEFAULT_MODEL).split(",") if m]
         os.environ.setdefault("DEVICE_COUNT", str(max(1, len(settings.DEVICES) or 1)))
-        self.runner = runner.DeviceRunner(worker.app, self.device, preload=models)
+        self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)
         runner.install(self.runner)
         log.info("device worker ready on %s with %s", self.device, ", ".join(models))
 

@@ -145,3 +145,19 @@ def test_slow_inputs_are_isolated_and_remembered(chaos_system: LocalSystem) -> N
         if details(again)["batch_size"] == 1 and details(again)["isolated"]:
             break
         assert time.monotonic() < deadline, details(again)
+
+
+def test_broken_device_opens_its_circuit_and_healthy_devices_answer(chaos_system: LocalSystem) -> None:
+    chaos_system.start_device("cpu:2", env={"SYNTHETIC_BROKEN": "1", "CIRCUIT_COOLDOWN_S": "2"})
+    try:
+        chaos_system.wait_ready(3)
+        texts = [f"circuit test {i} " + "w " * (i % 11) for i in range(300)]
+        results = submit_many(texts, model="synthetic")
+        for t, r in zip(texts, results, strict=True):
+            assert r.get(timeout=90) == synthetic.embed(t)
+        assert all(details(r)["device"] != "cpu:2@vm" for r in results)
+        broken = shared_state.live_devices()["cpu:2@vm"]
+        assert broken["circuit_trips"] >= 1, broken
+    finally:
+        chaos_system.stop("gpu-cpu2")
+        shared_state.forget_device("cpu:2@vm")

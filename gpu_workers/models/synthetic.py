@@ -18,6 +18,8 @@ It behaves like a padded GPU batch without needing one:
   ``SYNTHETIC_PER_TOKEN_S``  cost per padded token, default 0.0002
   ``SYNTHETIC_SLOWDOWN``     device speed factor applied to the whole time,
                              default 1.0 (e.g. 2.0 for a device half as fast)
+  ``SYNTHETIC_BROKEN``       1 makes every batch raise :class:`DeviceFault`, like a
+                             device with a CUDA error (for circuit-breaker tests)
 
 * Markers in a text:
 
@@ -48,6 +50,7 @@ __all__ = [
     "DEFAULT_OVERHEAD_S",
     "DEFAULT_PER_TOKEN_S",
     "DIM",
+    "DeviceFault",
     "FAIL_MARKER",
     "SLOW_FACTOR",
     "SLOW_MARKER",
@@ -67,6 +70,10 @@ SLOW_FACTOR = 20
 _SPECIAL_TOKENS = 2
 
 Sleep = Callable[[float], object]
+
+
+class DeviceFault(RuntimeError):
+    """The (simulated) device itself is broken: every batch fails, whatever its inputs."""
 
 
 class PoisonInput(ValueError):
@@ -128,6 +135,7 @@ class SyntheticSpec(ModelSpec):
             overhead_s=_env_float("SYNTHETIC_OVERHEAD_S", DEFAULT_OVERHEAD_S),
             per_token_s=_env_float("SYNTHETIC_PER_TOKEN_S", DEFAULT_PER_TOKEN_S),
             slowdown=_env_float("SYNTHETIC_SLOWDOWN", 1.0),
+            broken=os.environ.get("SYNTHETIC_BROKEN", "") == "1",
             sleep=self._sleep,
         )
 
@@ -144,9 +152,11 @@ class SyntheticRunner(BatchRunner):
         overhead_s: float = DEFAULT_OVERHEAD_S,
         per_token_s: float = DEFAULT_PER_TOKEN_S,
         slowdown: float = 1.0,
+        broken: bool = False,
         sleep: Sleep = time.sleep,
     ) -> None:
         self.device = check_device(device)
+        self.broken = broken
         self.overhead_s = overhead_s
         self.per_token_s = per_token_s
         self.slowdown = slowdown
@@ -167,6 +177,8 @@ class SyntheticRunner(BatchRunner):
             raise RuntimeError(f"synthetic runner on {self.device} is closed")
         if not texts:
             return []
+        if self.broken:
+            raise DeviceFault(f"simulated device failure on {self.device} (SYNTHETIC_BROKEN=1)")
         for text in texts:
             if FAIL_MARKER in text:
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")

@@ -1,0 +1,80 @@
+"""Pure pieces of reliability: the cost model, the circuit breaker, the watchdog."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpu_workers.watchdog import BatchTooSlow, Watchdog
+from tasks.core.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from tasks.core.clock import FakeClock
+from tasks.core.slowness import CostModel, fingerprint
+
+
+def test_cost_model_uses_the_hard_limit_until_warmed_up() -> None:
+    m = CostModel(factor=4, floor_s=0.05, hard_limit_s=20, warmup=3)
+    assert m.limit_s(1000) == 20
+    for _ in range(3):
+        m.observe(1000, 0.5)
+    assert m.expected_s(1000) == pytest.approx(0.5)
+    assert m.limit_s(1000) == pytest.approx(2.0)
+    assert m.limit_s(10) == pytest.approx(0.05), "tiny batches get the floor"
+    assert m.limit_s(10**9) == 20, "never past the hard limit"
+
+
+def test_cost_model_follows_a_changing_device() -> None:
+    m = CostModel(alpha=0.5, warmup=0)
+    m.observe(100, 1.0)
+    for _ in range(20):
+        m.observe(100, 0.1)
+    assert m.expected_s(100) == pytest.approx(0.1, rel=0.01)
+
+
+def test_fingerprint_is_stable_and_model_specific() -> None:
+    assert fingerprint("minilm", "x") == fingerprint("minilm", "x")
+    assert fingerprint("minilm", "x") != fingerprint("synthetic", "x")
+
+
+def test_circuit_opens_after_threshold_and_half_opens_after_cooldown() -> None:
+    clock = FakeClock()
+    c = CircuitBreaker(clock, threshold=3, cooldown_s=30)
+    assert not c.record_failure() and not c.record_failure()
+    assert c.state == CLOSED and c.allow()
+    assert c.record_failure()
+    assert c.state == OPEN and not c.allow()
+    clock.advance(29.9)
+    assert c.state == OPEN
+    clock.advance(0.1)
+    assert c.state == HALF_OPEN and c.allow()
+    # One failure while half-open opens it again at once.
+    assert c.record_failure() and c.state == OPEN and c.trips == 2
+    clock.advance(30)
+    c.record_success()
+    assert c.state == CLOSED and c.failures == 0
+
+
+def test_success_resets_the_failure_count() -> None:
+    c = CircuitBreaker(FakeClock(), threshold=2)
+    c.record_failure()
+    c.record_success()
+    assert not c.record_failure()
+
+
+def test_watchdog_cuts_off_a_slow_call_and_leaks_nothing() -> None:
+    w = Watchdog()
+    try:
+        release = threading.Event()
+        with pytest.raises(BatchTooSlow), w.limit(0.02):
+            # Wakes every millisecond, like a model between layers; never released.
+            while not release.wait(0.001):
+                pass
+        with w.limit(5):
+            pass
+        # Nothing fires after the block: a pending interruption was cleared on exit.
+        deadline = time.monotonic() + 0.1
+        while time.monotonic() < deadline:
+            release.wait(0.001)
+    finally:
+        w.close()
