@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint bench venv clean
+.PHONY: run test test-fast lint bench chaos venv clean
 
 venv: $(STAMP)
 
@@ -36,3 +36,7 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .run db.sqlite3
+
+# The crash tests, five times in a row (issue: "run each of them 5 times with no failure").
+chaos: venv
+	for i in 1 2 3 4 5; do HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/test_chaos.py -q -p no:randomly || exit 1; done

@@ -30,7 +30,7 @@ from batching_site.celery import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
 from gpu_workers.models import get_spec
 from gpu_workers.models.base import BatchRunner
 from gpu_workers.watchdog import BatchTooSlow, Watchdog
-from tasks import shared_state
+from tasks import metrics, shared_state
 from tasks.core.circuit import CircuitBreaker
 from tasks.core.slowness import CostModel, fingerprint
 from tasks.errors import BatchOutputMismatch, DeadlineExceeded, InferenceError
@@ -46,6 +46,8 @@ CIRCUIT_COOLDOWN_S = float(os.environ.get("CIRCUIT_COOLDOWN_S", "30"))
 #: A batch handed back this many times runs anyway, so that with every device broken
 #: its callers still get errors instead of waiting forever.
 MAX_BOUNCES = 8
+#: 0 turns slow-request isolation off (no time limit, no slow lane): a benchmark baseline.
+SLOW_ISOLATION = os.environ.get("SLOW_ISOLATION", "1") != "0"
 #: Words in an error that blame the device rather than the input.
 _DEVICE_ERROR_MARKS = ("CUDA", "OutOfMemory", "out of memory", "DeviceFault", "device-side")
 
@@ -148,7 +150,10 @@ class DeviceRunner:
         # Batch-mates are answered before the slow inputs run on their own.
         written = self._outcomes.write(outcomes)
         if slow:
-            written += self._outcomes.write(self._isolate(model, runner, slow, base))
+            isolated = self._isolate(model, runner, slow, base)
+            written += self._outcomes.write(isolated)
+            outcomes += isolated
+        metrics.record_batch(self.device_id, batch, outcomes, run_s)
 
         self.batches += 1
         self.requests += len(live)
@@ -244,7 +249,7 @@ class DeviceRunner:
         """
         costs = self.costs.setdefault(model, CostModel())
         padded = len(reqs) * max(r["tokens"] for r in reqs)
-        limit = costs.hard_limit_s if slow_lane else costs.limit_s(padded)
+        limit = costs.limit_s(padded) if SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
         t0 = time.perf_counter()
         try:
             with self.watchdog.limit(limit):
