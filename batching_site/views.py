@@ -14,6 +14,7 @@ from tasks import shared_state
 from tasks.client import submit
 from tasks.core.policy import PRIORITIES
 from tasks.errors import Overloaded
+from tasks.models import BatchingPolicy
 
 from .celery import app
 
@@ -67,10 +68,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
         parts["broker"] = "ok"
         collector = shared_state.read_collector(r)
         devices = shared_state.live_devices(r)
+        published: int | None = shared_state.read_policy(r).version
     except Exception as exc:  # noqa: BLE001 - any broker failure is "broker missing"
         parts["broker"] = f"unreachable: {exc}"
         missing.append("broker")
-        collector, devices = None, {}
+        collector, devices, published = None, {}, None
     if collector and time.time() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
         parts["collector"] = {"hostname": collector.get("hostname"), "policy_version": collector.get("policy_version")}
     else:
@@ -79,6 +81,21 @@ def healthz(request: HttpRequest) -> JsonResponse:
         parts["devices"] = sorted(devices)
     else:
         missing.append("device worker")
+    # Saved in the admin, published to Redis (what the edge and collector read), and
+    # applied by the collector: whichever lags shows where a policy change is stuck.
+    # No row yet (sync_policy not run) means the defaults, version 0.
+    active: object
+    try:
+        active = BatchingPolicy.objects.filter(singleton=True).values_list("version", flat=True).first() or 0
+    except Exception as exc:  # noqa: BLE001 - /healthz reports a broken database, never 500s
+        active = f"unreadable: {exc}"
+    applied = collector.get("policy_version") if collector else None
+    parts["policy"] = {
+        "active_version": active,
+        "published_version": published,
+        "collector_version": applied,
+        "in_sync": active == published == applied,
+    }
     if missing:
         parts["missing"] = missing
     return JsonResponse(parts, status=503 if missing else 200)

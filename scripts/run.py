@@ -69,6 +69,13 @@ def main() -> None:
     os.environ["REDIS_URL"] = url
 
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)
+    sync_policy = [sys.executable, "manage.py", "sync_policy"]
+    if "redis" in procfile:
+        # The embedded Redis starts under honcho below, so publish once it answers;
+        # until then the collector runs the default policy.
+        subprocess.Popen([*sync_policy, "--wait", "60"])
+    else:
+        subprocess.run(sync_policy, check=True)
 
     from django.conf import settings
 

@@ -10,7 +10,9 @@ One turn of the loop:
     drain collector.events  -> a device slot is free again
     expire past-deadline    -> DeadlineExceeded outcome, ack
     while a slot is free and Scheduler.next_batch():
-        publish a batch task on `batches` (or on a device queue), then ack its requests
+        form a batch
+    publish them on `batches` (or on a device queue), then ack their requests: one batch
+    as a plain task, several as one chord whose callback records the round (tasks/rounds.py)
 
 Acks and hand-off: a request message stays unacked while the collector holds it and is
 acked only after the batch holding it has been published. If the collector dies, its
@@ -47,7 +49,7 @@ from batching_site.celery import (
     request_queue_name,
 )
 
-from . import rounds, shared_state
+from . import metrics, rounds, shared_state
 from .core.clock import Clock, MonotonicClock
 from .core.policy import PRIORITIES, BatchPolicy
 from .core.scheduler import Batch, Item, Scheduler
@@ -113,7 +115,9 @@ class Collector:
         self._pushed = 0
         self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0, "rounds": 0}
         self.outcomes = OutcomeWriter(app)
+        self.metrics = metrics.CollectorMetrics()
         self._next_housekeeping = 0.0
+        self._reported_buffered: dict[str, int] = {}
         self.hostname = socket.gethostname()
 
     # --- the loop -----------------------------------------------------------------
@@ -146,6 +150,11 @@ class Collector:
                 conn.drain_events(timeout=0)
         except TimeoutError:
             pass
+        # The edge admits against broker depth plus this buffer, and a request leaves the
+        # broker as soon as it is consumed: report the buffer now, not at the next
+        # housekeeping, or a burst slips past the queue caps in between.
+        if self._buffered() != self._reported_buffered:
+            self._heartbeat(shared_state.client())
 
     def _idle_timeout(self) -> float:
         now = self.clock.now()
@@ -312,6 +321,7 @@ class Collector:
             self.outstanding[body["batch_id"]] = (self.clock.now(), batch.padded_tokens)
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
+            self.metrics.batch_sent(batch, self.policy.max_batch_size)
 
     def _queue(self) -> str:
         # BASELINE ONLY (COLLECTOR_DISPATCH=push, for bench/devices_bench.py): deal batches
@@ -343,6 +353,7 @@ class Collector:
             item.payload.message.ack()
             self.held.pop(item.id, None)
         self.stats["expired"] += len(expired)
+        self.metrics.expired(expired)
 
     # --- housekeeping ---------------------------------------------------------------
 
@@ -369,7 +380,14 @@ class Collector:
         if now >= self._next_slow_refresh:
             self._next_slow_refresh = now + 5.0
             self.slow_inputs = {m.decode() for m in r.smembers(shared_state.SLOW_INPUTS_KEY)}
-        buffered = {p: sum(s.depth(p) for s in self.schedulers.values()) for p in PRIORITIES}
+        buffered = self._heartbeat(r)
+        self.metrics.flush(r, buffered=buffered)
+
+    def _buffered(self) -> dict[str, int]:
+        return {p: sum(s.depth(p) for s in self.schedulers.values()) for p in PRIORITIES}
+
+    def _heartbeat(self, r: Any) -> dict[str, int]:
+        buffered = self._buffered()
         shared_state.collector_heartbeat(
             {
                 "hostname": self.hostname,
@@ -382,6 +400,8 @@ class Collector:
             },
             r,
         )
+        self._reported_buffered = buffered
+        return buffered
 
     def _drain_at_shutdown(self, conn: Any) -> None:
         """Dispatch what is held if any device can run it; otherwise leave it unacked,

@@ -38,6 +38,26 @@ def live_system() -> Iterator[object]:
 
 
 @pytest.fixture
+def bare_redis() -> Iterator[object]:
+    """A Redis with no collector or device worker behind it, this process pointed at it
+    for one test: what is submitted stays queued. Points back where it was afterwards."""
+    from django.conf import settings
+
+    from batching_site.processes import LocalSystem
+
+    previous = settings.REDIS_URL
+    system = LocalSystem()
+    try:
+        system.start_redis()
+        assert system.redis_url
+        point_at(system.redis_url)
+        yield system
+    finally:
+        point_at(previous)
+        system.close()
+
+
+@pytest.fixture
 def redis_client(live_system: object):  # type: ignore[no-untyped-def]
     from tasks import shared_state
 

@@ -1,0 +1,348 @@
+"""The batching policy an operator edits in the admin, and the history of its changes.
+
+One row is the active policy: its `singleton` column is unique and can only be True.
+It validates through `tasks.core.policy.BatchPolicy`, the object the collector and the
+edge build from Redis, so the admin can never save a policy that they would refuse.
+
+Save changes with `BatchingPolicy.objects.save_change(row, user=...)`: it bumps the
+version, records who changed what in `PolicyChange`, and publishes the policy to Redis
+once the transaction commits. A plain `row.save()` does none of that.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import models, transaction
+from django.utils import timezone
+
+from . import shared_state
+from .core.policy import OVERSIZED_ACTIONS, PRIORITIES, BatchPolicy
+
+log = logging.getLogger(__name__)
+
+_DEFAULT = BatchPolicy()
+
+OVERSIZED_CHOICES = [
+    ("reject", "reject: submit raises RequestTooLarge"),
+    ("truncate", "truncate: cut to the limit, run, and mark the result truncated"),
+    ("run_alone", "run_alone: run it in a batch of its own"),
+]
+assert [c for c, _ in OVERSIZED_CHOICES] == list(OVERSIZED_ACTIONS), "oversized choices out of step with BatchPolicy"
+
+#: The model fields that make up a policy, in form order (version is kept apart).
+POLICY_FIELDS: tuple[str, ...] = (
+    "max_batch_size",
+    "max_batch_tokens",
+    "max_wait_ms",
+    *(f"weight_{p}" for p in PRIORITIES),
+    "aging_ms",
+    *(f"queue_cap_{p}" for p in PRIORITIES),
+    "oversized",
+    "default_deadline_s",
+)
+
+# BatchPolicy's errors start with the name of its field: "weights[low] must be ...".
+_ERROR_FIELD = re.compile(r"^(\w+)(?:\[(\w+)\])?")
+_TIER_PREFIX = {"weights": "weight_", "queue_caps": "queue_cap_"}
+
+
+def _error_field(message: str) -> str:
+    """The model field a BatchPolicy ValueError is about, or NON_FIELD_ERRORS."""
+    match = _ERROR_FIELD.match(message)
+    if match is None:
+        return NON_FIELD_ERRORS
+    name, tier = match.groups()
+    if name in _TIER_PREFIX:
+        name = _TIER_PREFIX[name] + tier if tier in PRIORITIES else NON_FIELD_ERRORS
+    return name if name in POLICY_FIELDS else NON_FIELD_ERRORS
+
+
+def _tier_field(kind: str, priority: str) -> models.IntegerField:
+    if kind == "weight":
+        return models.IntegerField(
+            f"{priority} weight",
+            default=_DEFAULT.weights[priority],
+            help_text=(
+                f"Share of tokens the {priority} tier is guaranteed while it is backlogged: this weight over "
+                "the sum of the three weights. An integer >= 1."
+            ),
+        )
+    return models.IntegerField(
+        f"{priority} queue cap",
+        default=_DEFAULT.queue_caps[priority],
+        help_text=(
+            f"Most {priority} requests waiting (in the broker and the collector together). Past it, submit "
+            "raises Overloaded and the web form answers 429 with Retry-After. An integer >= 1."
+        ),
+    )
+
+
+class BatchingPolicyManager(models.Manager["BatchingPolicy"]):
+    def active(self) -> BatchingPolicy:
+        """The active policy row, created with the defaults if there is none yet."""
+        row, _ = self.get_or_create(singleton=True)
+        return row
+
+    def save_change(self, row: BatchingPolicy, *, user: Any = None) -> PolicyChange:
+        """Validate and save `row` as the active policy with the next version, record the
+        change and who made it, and publish the policy to Redis after commit.
+
+        Raises ValidationError (naming the field) and saves nothing if `row` is invalid.
+        """
+        with transaction.atomic(using=self.db):
+            # Locked, so two saves at once get two versions and each diff is against
+            # what was really there (a no-op on SQLite, which serialises writers anyway).
+            current = self.select_for_update().filter(singleton=True).first()
+            before = current.policy_values() if current is not None else BatchingPolicy().policy_values()
+            row.singleton = True
+            if current is not None:
+                row.pk = current.pk
+            row.version = (current.version if current is not None else 0) + 1
+            row.full_clean(validate_unique=False)
+            policy = row.to_policy()
+            row.save()
+            after = row.policy_values()
+            changes = {k: [before[k], after[k]] for k in POLICY_FIELDS if before[k] != after[k]}
+            change = PolicyChange.objects.using(self.db).create(
+                version=row.version,
+                changed_by=user if user is not None and user.is_authenticated else None,
+                policy=policy.to_dict(),
+                changes=changes,
+                summary=PolicyChange.summarize(changes),
+            )
+            # Only a committed policy may reach the collector: a rolled-back save must
+            # not be running anywhere.
+            transaction.on_commit(lambda: _publish(policy), using=self.db)
+        return change
+
+
+def _publish(policy: BatchPolicy) -> None:
+    try:
+        shared_state.publish_policy(policy)
+    except Exception:
+        # The change is committed; failing the admin request now would only hide that.
+        # /healthz shows the published version lagging, and sync_policy republishes.
+        log.exception("batching policy version %d saved but not published; run `manage.py sync_policy`", policy.version)
+
+
+class BatchingPolicy(models.Model):
+    singleton = models.BooleanField(
+        "singleton",
+        default=True,
+        unique=True,
+        editable=False,
+        help_text="Always true and unique, so the database holds at most one active policy.",
+    )
+    max_batch_size = models.IntegerField(
+        "max batch size",
+        default=_DEFAULT.max_batch_size,
+        help_text="Most requests in one batch. An integer >= 1.",
+    )
+    max_batch_tokens = models.IntegerField(
+        "max padded tokens per batch",
+        default=_DEFAULT.max_batch_tokens,
+        help_text=(
+            "Most padded tokens in one batch: batch size x its longest request, which is what the device "
+            "computes. A request that alone exceeds it is oversized. An integer >= 1."
+        ),
+    )
+    max_wait_ms = models.FloatField(
+        "max wait (ms)",
+        default=_DEFAULT.max_wait_ms,
+        help_text=(
+            "How long the oldest request may wait for batch-mates while a device is free. 0 dispatches at "
+            "once to a free device and batches only while all devices are busy."
+        ),
+    )
+    weight_high = _tier_field("weight", "high")
+    weight_normal = _tier_field("weight", "normal")
+    weight_low = _tier_field("weight", "low")
+    aging_ms = models.FloatField(
+        "aging bound (ms)",
+        default=_DEFAULT.aging_ms,
+        help_text="A request that has waited this long is served before fresher requests of any tier. >= 1.",
+    )
+    queue_cap_high = _tier_field("cap", "high")
+    queue_cap_normal = _tier_field("cap", "normal")
+    queue_cap_low = _tier_field("cap", "low")
+    oversized = models.CharField(
+        "oversized requests",
+        max_length=16,
+        choices=OVERSIZED_CHOICES,
+        default=_DEFAULT.oversized,
+        help_text="What happens to a request longer than the model's limit or the padded-token budget.",
+    )
+    default_deadline_s = models.FloatField(
+        "default deadline (s)",
+        null=True,
+        blank=True,
+        default=_DEFAULT.default_deadline_s,
+        help_text=(
+            "Deadline for requests that set none: one not dispatched by then fails with DeadlineExceeded "
+            "and never runs. Empty means no deadline."
+        ),
+    )
+    version = models.PositiveIntegerField(
+        "version",
+        default=_DEFAULT.version,
+        editable=False,
+        help_text="Bumped on every saved change; /healthz shows whether the collector runs this version.",
+    )
+    updated_at = models.DateTimeField("updated at", auto_now=True, help_text="When this policy was last saved.")
+
+    objects = BatchingPolicyManager()
+
+    class Meta:
+        verbose_name = "batching policy"
+        verbose_name_plural = "batching policy"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(singleton=True), name="tasks_batchingpolicy_singleton"),
+        ]
+
+    def __str__(self) -> str:
+        return f"batching policy v{self.version}"
+
+    def policy_values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in POLICY_FIELDS}
+
+    def to_policy(self) -> BatchPolicy:
+        """The BatchPolicy this row stands for; raises ValueError naming the bad field."""
+        return BatchPolicy(
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_wait_ms=self.max_wait_ms,
+            weights={p: getattr(self, f"weight_{p}") for p in PRIORITIES},
+            aging_ms=self.aging_ms,
+            queue_caps={p: getattr(self, f"queue_cap_{p}") for p in PRIORITIES},
+            oversized=self.oversized,
+            default_deadline_s=self.default_deadline_s,
+            version=self.version,
+        )
+
+    def set_policy(self, policy: BatchPolicy) -> None:
+        """Copy every knob of `policy` onto this row (not its version: saving sets that)."""
+        for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "aging_ms", "oversized"):
+            setattr(self, name, getattr(policy, name))
+        self.default_deadline_s = policy.default_deadline_s
+        for p in PRIORITIES:
+            setattr(self, f"weight_{p}", policy.weights[p])
+            setattr(self, f"queue_cap_{p}", policy.queue_caps[p])
+
+    def clean(self) -> None:
+        try:
+            self.to_policy()
+        except ValueError as exc:
+            raise ValidationError({_error_field(str(exc)): str(exc)}) from exc
+
+
+class PolicyChange(models.Model):
+    version = models.PositiveIntegerField("version", help_text="The policy version this change produced.")
+    changed_at = models.DateTimeField("changed at", default=timezone.now, help_text="When the change was committed.")
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="changed by",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who saved it; empty for changes made by scripts and management commands.",
+    )
+    policy = models.JSONField("policy", help_text="The whole policy after the change, as published to the collector.")
+    changes = models.JSONField(
+        "changes",
+        default=dict,
+        blank=True,
+        help_text='What changed: {"field": [before, after]} for each field that differs.',
+    )
+    summary = models.TextField("summary", blank=True, help_text="The changes in one line, for the history list.")
+
+    class Meta:
+        verbose_name = "policy change"
+        verbose_name_plural = "policy history"
+        ordering = ["-changed_at", "-id"]
+        indexes = [
+            models.Index(fields=["-changed_at"], name="tasks_polchg_changed_at_idx"),
+            models.Index(fields=["version"], name="tasks_polchg_version_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"policy v{self.version}: {self.summary}"
+
+    @staticmethod
+    def summarize(changes: dict[str, list[Any]]) -> str:
+        if not changes:
+            return "saved without changes"
+        return ", ".join(f"{name} {before} \u2192 {after}" for name, (before, after) in changes.items())
+
+
+# --- API tokens ------------------------------------------------------------------------
+
+#: Every token starts with this, so a leaked one is easy to recognise (and to grep for).
+API_TOKEN_PREFIX = "bt_"
+
+
+def hash_api_token(raw: str) -> str:
+    """SHA-256 of the token. Enough for 256 random bits: there is nothing to brute-force,
+    so a slow password hash would only cost time on every API call."""
+    import hashlib
+
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class ApiTokenManager(models.Manager["ApiToken"]):
+    def issue(self, user: Any, *, name: str = "") -> tuple[ApiToken, str]:
+        """A new token for `user`: the row, and the raw token, which is shown once and
+        never stored."""
+        import secrets
+
+        raw = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = self.create(user=user, name=name, prefix=raw[: len(API_TOKEN_PREFIX) + 6], key_hash=hash_api_token(raw))
+        return token, raw
+
+    def user_for(self, raw: str | None) -> Any:
+        """The active user a raw token belongs to, or None. One indexed read, no write."""
+        if not raw or not raw.startswith(API_TOKEN_PREFIX) or len(raw) > 128:
+            return None
+        token = self.select_related("user").filter(key_hash=hash_api_token(raw), revoked_at__isnull=True).first()
+        if token is None or not token.user.is_active:
+            return None
+        return token.user
+
+
+class ApiToken(models.Model):
+    """A bearer token for scripts calling /api/v1/ (`Authorization: Bearer bt_...`).
+    Create one with `manage.py create_api_token USERNAME`; only its hash is stored."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="user",
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        help_text="Requests made with this token act as this user.",
+    )
+    name = models.CharField("name", max_length=100, blank=True, help_text="What the token is for, e.g. 'load test'.")
+    prefix = models.CharField(
+        "prefix", max_length=16, editable=False, help_text="The token's first characters, to tell tokens apart."
+    )
+    key_hash = models.CharField(
+        "key hash", max_length=64, unique=True, editable=False, help_text="SHA-256 of the token, hex."
+    )
+    created_at = models.DateTimeField("created at", default=timezone.now, help_text="When the token was issued.")
+    revoked_at = models.DateTimeField(
+        "revoked at", null=True, blank=True, help_text="Set to revoke the token; it stops working at once."
+    )
+
+    objects = ApiTokenManager()
+
+    class Meta:
+        verbose_name = "API token"
+        verbose_name_plural = "API tokens"
+        indexes = [models.Index(fields=["user", "created_at"], name="tasks_apitoken_user_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'}) for {self.user}"
