@@ -5,20 +5,26 @@ A pure state machine in the manner of vLLM's scheduler: it is told what arrived
 touches a thread, a socket or the wall clock. The collector drives it from one thread;
 `DynamicBatcher` drives it under a lock. Both give it a clock, so tests run on a fake one.
 
-How a batch is built, one request at a time:
+How a batch is built (docs/scheduling.md says it for operators, with measurements):
 
-1. *Urgent first.* A request that has waited `aging_ms`, or whose deadline is near,
-   goes before fresher requests of any tier.
-2. *Priority with guaranteed shares.* Otherwise the highest tier wins, except that a
-   tier which has received less than its share of tokens (weight / sum of weights)
-   while it was backlogged is owed, and owed tiers go first. So "high" gets
-   low latency, yet "low" can never be starved below its share: strict priority
-   alone (kombu on Redis, Triton, vLLM) starves it, and plain weighted fair queuing
-   makes "high" wait behind everybody's turn.
-3. *Length-aware packing.* The first request sets the batch's padded length; from the
-   chosen tier we take the request whose length wastes the least padding. Within a
-   tier that reorders by length, never across tiers, and the seed of every batch is
-   its tier's oldest request, so nothing is overtaken forever.
+1. *Who goes next.* Tiers are ranked: first those *owed* tokens (served less than their
+   share, weight / sum of weights, while backlogged), furthest behind first; then tiers
+   whose oldest request has waited `aging_ms` (*aged*), oldest first; then the rest by
+   priority. So "high" gets strict priority while it stays within its share, yet "low"
+   can never be starved below its: strict priority alone (kombu on Redis, Triton, vLLM)
+   starves it, and plain weighted fair queuing makes "high" wait behind everybody's turn.
+   A request whose deadline is near goes before all of them.
+2. *The seed.* The batch starts with the top tier's oldest request, and belongs to that
+   tier: its requests come first, up to `own_spread` times longer or shorter than each
+   other, so a tier's waiting requests of one size class leave together.
+3. *Riders.* The other tiers, in rank order, fill the places left with requests that pad
+   by at most `rider_spread`. Aging does not let a tier jump the line once it is a batch
+   budget over its share (under overload every request of a backlogged tier is "aged",
+   and age alone would override the shares); such a tier only joins batches it seeds.
+4. *No starvation inside a tier.* Packing picks by length, so within a tier it only picks
+   among requests at most `aging_ms` younger than the tier's oldest: no request is ever
+   overtaken by one more than `aging_ms` fresher, and every batch a tier seeds starts
+   with its oldest.
 
 A batch never exceeds `max_batch_size` requests or `max_batch_tokens` *padded* tokens
 (count x longest), except a lone oversized request that the edge accepted to run alone.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -121,31 +128,39 @@ class _Tier(Generic[P]):
         self.lengths.pop(bisect.bisect_left(self.lengths, length))
         return None
 
-    def best_fit(self, padded_len: int, size: int, budget: int) -> Item[P] | None:
-        """The waiting request that adds the least padding to a batch of `size`
-        requests padded to `padded_len`, among those that keep it within `budget`."""
-        while True:
-            i = bisect.bisect_right(self.lengths, padded_len)
-            lower = self.lengths[i - 1] if i > 0 else None
-            higher = self.lengths[i] if i < len(self.lengths) else None
-            if higher is not None and (size + 1) * higher > budget:
-                higher = None
-            if lower is not None and (size + 1) * padded_len > budget:
-                lower = None
-            if lower is None and higher is None:
-                return None
-            if lower is not None and (higher is None or padded_len - lower <= size * (higher - padded_len)):
-                length = lower
-            else:
-                assert higher is not None
-                length = higher
+    def best_fit(self, padded_len: int, size: int, budget: int, *, lo: int, hi: int, newest: float) -> Item[P] | None:
+        """The request that adds the least padding to a batch of `size` requests padded
+        to `padded_len` without taking it past `budget`, among those of length `lo` to
+        `hi` enqueued no later than `newest`; the oldest among equals."""
+        if (size + 1) * padded_len > budget:
+            return None
+        best: Item[P] | None = None
+        best_cost = 0
+        start = bisect.bisect_left(self.lengths, lo)
+        stop = bisect.bisect_right(self.lengths, hi)
+        # A slice is a copy: head_of_length may delete keys from self.lengths.
+        for length in self.lengths[start:stop]:
+            if length > padded_len and (size + 1) * length > budget:
+                break  # lengths ascend, so no longer one fits either
             head = self.head_of_length(length)
-            if head is not None:
-                return head
-            # That length held only deleted items; its key is gone now, so look again.
+            if head is None or head.enqueued_at > newest:
+                continue  # a bucket's head is its oldest, so nothing in it qualifies
+            # A shorter request pads itself; a longer one pads everybody already in.
+            cost = padded_len - length if length <= padded_len else size * (length - padded_len)
+            if best is None or cost < best_cost or (cost == best_cost and head.enqueued_at < best.enqueued_at):
+                best, best_cost = head, cost
+        return best
 
 
 class Scheduler(Generic[P]):
+    #: Requests of the batch's own tier (the seed's) may differ in length up to this
+    #: factor. Wider lets more of the tier leave at once (lower latency for it), at the
+    #: cost of padding: 2.0 keeps 10-20 or 50-90 token requests in one batch.
+    own_spread: float = 2.0
+    #: Requests of other tiers join only if padded to at most this factor of their
+    #: length: they fill places cheaply, so the batch's fill ratio stays high.
+    rider_spread: float = 1.25
+
     def __init__(
         self,
         policy: BatchPolicy,
@@ -155,7 +170,8 @@ class Scheduler(Generic[P]):
     ) -> None:
         self._policy = policy
         self._clock = clock
-        #: A request this close to its deadline is urgent: served first, like an aged one.
+        #: A request this close to its deadline is urgent: it goes before every tier and
+        #: joins whatever batch is leaving, whatever its length.
         self.urgent_margin_s = urgent_margin_s
         self._tiers: dict[str, _Tier[P]] = {p: _Tier() for p in PRIORITIES}
         self._credit: dict[str, float] = dict.fromkeys(PRIORITIES, 0.0)
@@ -271,89 +287,120 @@ class Scheduler(Generic[P]):
         p = self._policy
         now = self._clock()
 
-        seed = self._urgent(now) or self._tiers[self._choose_tier()].oldest()
+        seed = self._due(now) or self._tiers[self._rank(now)[0]].oldest()
         assert seed is not None
         chosen = [seed]
         self._take(seed)
-        padded_len = seed.tokens
+        padded_len = shortest = seed.tokens
         if not seed.alone and seed.tokens <= p.max_batch_tokens:
             while len(chosen) < p.max_batch_size:
-                item = self._urgent(now, padded_len, len(chosen))
+                item = self._due(now, padded_len, len(chosen))
                 if item is None:
-                    item = self._pick(padded_len, len(chosen))
+                    item = self._pick(now, seed.priority, padded_len, shortest, len(chosen), reason == "flush")
                 if item is None:
                     break
                 chosen.append(item)
                 self._take(item)
                 padded_len = max(padded_len, item.tokens)
+                shortest = min(shortest, item.tokens)
         real = sum(i.tokens for i in chosen)
         return Batch(tuple(chosen), len(chosen) * padded_len, real, reason, now)
 
     # --- internals ----------------------------------------------------------------
 
-    def _urgent(self, now: float, padded_len: int = 0, size: int = 0) -> Item[P] | None:
-        """An aged or nearly-due request that fits, or None.
-
-        A tier that has already been served a batch budget more than its share cannot
-        jump the line on age: otherwise, under overload, every request of a backlogged
-        tier is "aged" and age alone would override the shares.
-        """
-        p = self._policy
-        limit = p.max_batch_tokens
-        best: Item[P] | None = None
-        for prio, tier in self._tiers.items():
-            head = tier.oldest()
-            if head is None or self._credit[prio] <= -limit:
-                continue
-            if now - head.enqueued_at >= p.aging_s and (best is None or head.enqueued_at < best.enqueued_at):
-                best = head
-        if best is None:
-            due = self._earliest_deadline()
-            if due is not None and due.deadline is not None and due.deadline - now <= self.urgent_margin_s:
-                best = due
-        if best is None:
+    def _due(self, now: float, padded_len: int = 0, size: int = 0) -> Item[P] | None:
+        """The request nearest its deadline, if that is within `urgent_margin_s` and it
+        fits the batch so far (`size` requests padded to `padded_len`), else None."""
+        due = self._earliest_deadline()
+        if due is None or due.deadline is None or due.deadline - now > self.urgent_margin_s:
             return None
-        if size and (best.alone or (size + 1) * max(padded_len, best.tokens) > limit):
+        if size and (due.alone or (size + 1) * max(padded_len, due.tokens) > self._policy.max_batch_tokens):
             return None
-        return best
+        return due
 
     def _earliest_deadline(self) -> Item[P] | None:
         while self._deadlines and self._deadlines[0][2].state != _PENDING:
             heapq.heappop(self._deadlines)
         return self._deadlines[0][2] if self._deadlines else None
 
-    def _choose_tier(self, padded_len: int = 0, size: int = 0) -> str:
-        """Owed tiers first, highest priority first; then the highest priority."""
-        candidates = [prio for prio, tier in self._tiers.items() if tier.count and self._fits(tier, padded_len, size)]
-        owed = [prio for prio in candidates if self._credit[prio] > 0]
-        return (owed or candidates or [""])[0]
+    def _rank(self, now: float) -> list[str]:
+        """Tiers with waiting requests, in the order they are offered the next place:
+        owed, furthest behind their share first; aged, oldest first; the rest by priority.
 
-    def _fits(self, tier: _Tier[P], padded_len: int, size: int) -> bool:
-        if size == 0:
-            return True
-        while tier.lengths and tier.head_of_length(tier.lengths[0]) is None:
-            pass
-        if not tier.lengths:
-            return False
-        return (size + 1) * max(padded_len, tier.lengths[0]) <= self._policy.max_batch_tokens
+        Age counts only for a tier less than its share of one batch budget ahead of its
+        share. Under overload every request of a backlogged tier is "aged", and a tier that
+        got "high"'s unused tokens would otherwise jump ahead of "high" on age alone.
+        """
+        p = self._policy
+        limit = p.max_batch_tokens
+        owed: list[str] = []
+        aged: list[tuple[float, str]] = []
+        rest: list[str] = []
+        for prio, tier in self._tiers.items():
+            head = tier.oldest()
+            if head is None:
+                continue
+            credit = self._credit[prio]
+            if credit > 0:
+                owed.append(prio)
+            elif credit > -limit * p.share(prio) and now - head.enqueued_at >= p.aging_s:
+                aged.append((head.enqueued_at, prio))
+            else:
+                rest.append(prio)
+        # Sorts are stable, so equal claims fall back to priority order.
+        owed.sort(key=lambda prio: -self._credit[prio] / p.weights[prio])
+        aged.sort(key=lambda a: a[0])
+        return owed + [prio for _, prio in aged] + rest
 
-    def _pick(self, padded_len: int, size: int) -> Item[P] | None:
-        prio = self._choose_tier(padded_len, size)
-        if not prio:
-            return None
-        return self._tiers[prio].best_fit(padded_len, size, self._policy.max_batch_tokens)
+    def _pick(self, now: float, own: str, padded_len: int, shortest: int, size: int, flush: bool) -> Item[P] | None:
+        """The next request for a batch seeded by tier `own`, or None to close it. A flush
+        sends what is waiting in as few batches as the cap and budget allow, so it packs
+        by least padding but ignores the spreads."""
+        p = self._policy
+        limit = p.max_batch_tokens
+        if flush:
+            own_window = rider_window = (1, limit)
+        else:
+            own_window = (math.ceil(padded_len / self.own_spread), math.floor(shortest * self.own_spread))
+            rider_window = (
+                math.ceil(padded_len / self.rider_spread),
+                max(padded_len, math.floor(shortest * self.rider_spread)),
+            )
+        for prio in self._rank(now):
+            if prio != own and self._credit[prio] <= -limit:
+                # A batch budget over its share already: it rides no more, or a tier whose
+                # lengths happen to fit everybody's batches would take far more than its share.
+                continue
+            tier = self._tiers[prio]
+            head = tier.oldest()
+            assert head is not None
+            lo, hi = own_window if prio == own else rider_window
+            item = tier.best_fit(padded_len, size, limit, lo=lo, hi=hi, newest=head.enqueued_at + p.aging_s)
+            if item is not None:
+                return item
+        return None
 
     def _take(self, item: Item[P]) -> None:
-        # Every backlogged tier earns its share of these tokens; the served tier pays
-        # for them. Credit is clamped to one batch budget either way, so a tier can
-        # neither bank an idle period nor be punished forever for an aged burst.
+        # Every backlogged tier earns its guaranteed share (weight / sum of *all*
+        # weights) of these tokens; the served tier pays only for the part the backlogged
+        # tiers claim. So credits sum to zero among the waiting, a tier served while
+        # nobody else waits neither gains nor loses credit, and tokens an idle tier leaves
+        # unclaimed are free: they go by priority instead of being split by weight, and
+        # "low" gets its share, not more. Credit is clamped to one batch budget, debt to
+        # two: more than the lines `_rank` and `_pick` draw, so a tier pushed past them
+        # keeps its whole debt and cannot jump on age or ride again until the others have
+        # caught up. So a tier can neither bank an idle period nor be punished forever
+        # for an aged burst.
         limit = float(self._policy.max_batch_tokens)
-        for prio, tier in self._tiers.items():
-            if tier.count:
-                self._credit[prio] += item.tokens * self._policy.share(prio)
-        self._credit[item.priority] -= item.tokens
+        weights = self._policy.weights
+        total = sum(weights.values())
+        backlogged = [prio for prio, tier in self._tiers.items() if tier.count]
+        claimed = sum(weights[prio] for prio in backlogged) / total
+        for prio in backlogged:
+            self._credit[prio] += item.tokens * weights[prio] / total
+        self._credit[item.priority] -= item.tokens * claimed
         for prio in PRIORITIES:
-            self._credit[prio] = max(-limit, min(limit, self._credit[prio]))
+            self._credit[prio] = max(-2 * limit, min(limit, self._credit[prio]))
         self._tiers[item.priority].discard(item, _TAKEN)
         self.served_tokens[item.priority] += item.tokens
         self._on_maybe_empty(item.priority)
