@@ -7,6 +7,7 @@ Queues (all in one Redis):
     device.<name>                                    collector -> one pinned device
     collector.events                                 device workers -> collector (batch done)
     collector.control                                Celery's own queue for the collector worker
+                                                     (and tasks.round_done, see tasks/rounds.py)
 
 Redis priorities in kombu are strict and coarse, so priority lives in separate request
 queues and the collector's own scheduler decides who goes next.
@@ -22,6 +23,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 PRIORITIES = ("high", "normal", "low")
 REQUEST_TASK = "tasks.request"
 BATCH_TASK = "gpu_workers.run_batch"
+#: Callback of a chord of batches sent in one collector turn (tasks/rounds.py).
+ROUND_TASK = "tasks.round_done"
 BATCH_QUEUE = "batches"
 EVENTS_QUEUE = "collector.events"
 CONTROL_QUEUE = "collector.control"
@@ -40,14 +43,14 @@ def _queue(name: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
-app = Celery("batching_site", include=["tasks.intake", "gpu_workers.tasks"])
+app = Celery("batching_site", include=["tasks.intake", "tasks.rounds", "gpu_workers.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = [_queue(request_queue_name(p)) for p in PRIORITIES] + [
     _queue(BATCH_QUEUE),
     _queue(CONTROL_QUEUE),
 ]
 app.conf.task_default_queue = CONTROL_QUEUE
-app.conf.task_routes = {BATCH_TASK: {"queue": BATCH_QUEUE}}
+app.conf.task_routes = {BATCH_TASK: {"queue": BATCH_QUEUE}, ROUND_TASK: {"queue": CONTROL_QUEUE}}
 
 
 def _install_worker_roles() -> None:

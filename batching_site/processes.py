@@ -83,14 +83,28 @@ def connect(redis_url: str) -> None:
     settings.REDIS_URL = redis_url
     app.conf.broker_url = redis_url
     app.conf.result_backend = redis_url
-    # Forget connections made to any earlier address.
+    # Forget connections made to any earlier address. app.pool comes from kombu's
+    # process-wide registry of pools, one per address: close them all and empty it, or
+    # coming back to an address used before would hand out its closed pool.
+    from kombu import pools
+
     app._local.__dict__.clear()  # the per-thread result backend
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    pools.reset()
+    app._pool = None
     app.amqp._producer_pool = None
     shared_state._clients.clear()
     client._policy._read_at = float("-inf")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the process that started us dies, so
+    a test run that is killed outright leaves no worker or server behind (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port() -> int:
@@ -166,7 +180,13 @@ class LocalSystem:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115 - lives as long as the process
         cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.procs[name] = subprocess.Popen(
-            cmd, cwd=cwd, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env=env or self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def start_redis(self) -> None:

@@ -4,6 +4,7 @@ Every secret and every address comes from the environment (or a `.env` file besi
 manage.py, which `make run` writes on first start). Nothing here is a credential.
 """
 
+import warnings
 from pathlib import Path
 
 import environ
@@ -31,11 +32,13 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",
     "tasks",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -110,7 +113,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": 5,
     "unacked_restore_throttle": 1,
     "unacked_restore_limit": 10000,
+    # The restore sweep holds a Redis lock; a sweeper killed mid-sweep must not block
+    # every other sweep for kombu's default 5 minutes.
+    "unacked_mutex_expire": 10,
 }
+#: An accepted request still unanswered this long after it was published, and waiting
+#: nowhere, was lost between Redis and a killed consumer: the collector publishes it
+#: again (tasks/ledger.py). Longer than any redelivery by the broker takes.
+LEDGER_GRACE_S = env.float("LEDGER_GRACE_S", default=2 * VISIBILITY_TIMEOUT_S + 10)
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_SEND_TASK_EVENTS = True
 
@@ -128,3 +138,56 @@ COLLECTOR_WINDOW = env.int("COLLECTOR_WINDOW", default=256)
 #: Batches queued per device beyond the one it runs. 0 forms each batch only when a
 #: device is free (fullest batches); 1 hides the hand-off latency on fast GPUs.
 COLLECTOR_BATCHES_AHEAD = env.int("COLLECTOR_BATCHES_AHEAD", default=0)
+#: "pull" (the design): batches go to the shared `batches` queue and whichever device is
+#: free takes the next one. "push" exists only as the baseline for bench/devices_bench.py:
+#: the collector deals batches round-robin onto each device's own queue.
+COLLECTOR_DISPATCH = env.str("COLLECTOR_DISPATCH", default="pull")
+
+# --- Web: HTTPS, request limits, dashboard ---------------------------------------------
+# Production: DJANGO_DEBUG unset, DJANGO_SECRET_KEY set (the same in every web process),
+# DJANGO_ALLOWED_HOSTS, and DJANGO_SECURE_SSL_REDIRECT=1 unless a proxy redirects.
+# `manage.py check --deploy` is then clean (tests/test_settings.py checks it).
+
+#: Secure cookies and HSTS: on unless DEBUG. DJANGO_HTTPS=0 for plain HTTP on a
+#: trusted network (browsers drop Secure cookies there, except on localhost).
+HTTPS = env.bool("DJANGO_HTTPS", default=not DEBUG)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+#: A year of HSTS once HTTPS is on; browsers ignore the header over plain HTTP.
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=HTTPS)
+#: Django itself redirects HTTP to HTTPS. Opt-in: TLS usually ends at a proxy that
+#: redirects already, and the test client and `make run` speak plain HTTP.
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+#: Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients).
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+#: WhiteNoise serves the admin's and the API docs' static files under gunicorn, found
+#: in the apps at start-up, so no collectstatic step is needed.
+WHITENOISE_USE_FINDERS = True
+# ...and so STATIC_ROOT may well not exist; WhiteNoise would warn in every process.
+warnings.filterwarnings("ignore", message="No directory at")
+
+#: Largest request body Django reads, in bytes; a bigger API call gets 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1_048_576)
+#: The dashboard sends people without a session here.
+LOGIN_URL = "/admin/login/"
+
+#: Where the dashboard links to Flower (`make run` starts it there, with basic auth).
+FLOWER_URL = env("FLOWER_URL", default="http://127.0.0.1:5555/")
+
+#: Service-level objectives the dashboard's SLO panel checks over the last minute; a
+#: breached one turns it red. p99 wait before dispatch per tier, in ms:
+#: SLO_P99_WAIT_MS="high=250,normal=1000,low=5000".
+SLO_P99_WAIT_MS = {
+    tier: float(ms)
+    for tier, ms in env.dict("SLO_P99_WAIT_MS", default={"high": 250, "normal": 1000, "low": 5000}).items()
+}
+#: Most (failed + expired) / finished requests.
+SLO_ERROR_RATE = env.float("SLO_ERROR_RATE", default=0.01)
+#: Most rejected (Overloaded) / offered requests.
+SLO_REJECT_RATE = env.float("SLO_REJECT_RATE", default=0.05)
+#: Fewest live device workers.
+SLO_MIN_DEVICES = env.int("SLO_MIN_DEVICES", default=1)

@@ -3,12 +3,17 @@
 from django.contrib import admin
 from django.urls import path
 
-from . import views
+from . import dashboard, views
+from .api import api
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("healthz", views.healthz, name="healthz"),
     path("submit", views.submit_form, name="submit"),
     path("requests/<uuid:request_id>.json", views.request_status, name="request-status"),
+    path("requests/<uuid:request_id>", dashboard.request_detail, name="request-detail"),
+    path("dashboard/", dashboard.dashboard, name="dashboard"),
+    path("metrics", dashboard.prometheus_metrics, name="metrics"),
+    path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
 ]

@@ -121,14 +121,10 @@ def time_batches(runner: BatchRunner, batches: list[list[str]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=MODEL_NAMES, default="minilm")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--threads", type=int, default=2, help="torch threads (sets TORCH_THREADS)"
-    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (sets TORCH_THREADS)")
     parser.add_argument("-n", type=int, default=300, help="number of texts")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -162,9 +158,7 @@ def main() -> None:
     for label, batches in modes:
         seconds = time_batches(runner, batches)
         ratio = padded_tokens(spec, batches) / real_tokens
-        print(
-            f"{label:<22}{len(batches):>8}{seconds:>9.2f}{len(texts) / seconds:>9.1f}{ratio:>11.2f}"
-        )
+        print(f"{label:<22}{len(batches):>8}{seconds:>9.2f}{len(texts) / seconds:>9.1f}{ratio:>11.2f}")
     runner.close()
 
 

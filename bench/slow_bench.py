@@ -105,7 +105,9 @@ def main() -> None:
         rows.append((label, len(lat), pct(lat, 0.5), pct(lat, 0.99), max(lat)))
 
     base_p50, base_p99 = rows[0][2], rows[0][3]
-    print(f"\n{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.slow_share:.0%} slow inputs (20x cost), 2 devices\n")
+    print(
+        f"\n{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.slow_share:.0%} slow inputs (20x cost), 2 devices\n"
+    )
     print("| run | normal requests | p50 ms | p99 ms | max ms | p50 vs baseline | p99 vs baseline |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, n, p50, p99, mx in rows:

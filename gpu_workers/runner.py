@@ -30,7 +30,7 @@ from batching_site.celery import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
 from gpu_workers.models import get_spec
 from gpu_workers.models.base import BatchRunner
 from gpu_workers.watchdog import BatchTooSlow, Watchdog
-from tasks import metrics, shared_state
+from tasks import flower_events, metrics, shared_state
 from tasks.core.circuit import CircuitBreaker
 from tasks.core.slowness import CostModel, fingerprint
 from tasks.errors import BatchOutputMismatch, DeadlineExceeded, InferenceError
@@ -154,6 +154,7 @@ class DeviceRunner:
             written += self._outcomes.write(isolated)
             outcomes += isolated
         metrics.record_batch(self.device_id, batch, outcomes, run_s)
+        flower_events.emit(self.app, batch, outcomes, started_at=started, run_s=run_s)
 
         self.batches += 1
         self.requests += len(live)

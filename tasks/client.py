@@ -20,9 +20,9 @@ from django.conf import settings
 
 from batching_site.celery import REQUEST_TASK, app, request_queue_name
 
-from . import shared_state
+from . import ledger, metrics, shared_state
 from .errors import DeadlineExceeded, Overloaded, RequestTooLarge
-from .intake import Request, accept
+from .intake import accept
 
 __all__ = ["DeadlineExceeded", "Overloaded", "RequestTooLarge", "details", "submit", "submit_many"]
 
@@ -66,32 +66,44 @@ def submit_many(
     ]
     if not requests:
         return []
-    _admit(priority, len(requests), policy.queue_caps[priority])
-    return _publish(requests)
+    entries = [(str(uuid.uuid4()), req.to_message()) for req in requests]
+    _admit(priority, entries, policy.queue_caps[priority])
+    try:
+        return _publish(priority, entries)
+    except BaseException:
+        # Not published: strike them off, so the ledger sweep does not publish them later.
+        ledger.forget(shared_state.client(), [task_id for task_id, _ in entries])
+        raise
 
 
-def _admit(priority: str, count: int, cap: int) -> None:
-    depth = shared_state.queue_depths()[priority]
-    if depth + count > cap:
+def _admit(priority: str, entries: list[tuple[str, dict[str, Any]]], cap: int) -> None:
+    """Check the queue cap and record the requests in the ledger, in one atomic step."""
+    accepted, depth = ledger.admit(
+        shared_state.client(),
+        queue=request_queue_name(priority),
+        priority=priority,
+        cap=cap,
+        collector_key=shared_state.COLLECTOR_KEY,
+        entries=entries,
+    )
+    if not accepted:
+        metrics.record_rejected(priority, len(entries))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
         raise Overloaded(request_queue_name(priority), cap, max(0.1, min(5.0, depth / 200.0)))
 
 
-def _publish(requests: list[Request]) -> list[AsyncResult]:
-    results = []
+def _publish(priority: str, entries: list[tuple[str, dict[str, Any]]]) -> list[AsyncResult]:
     with app.producer_or_acquire() as producer:
-        for req in requests:
-            task_id = str(uuid.uuid4())
-            results.append(
-                app.send_task(
-                    REQUEST_TASK,
-                    args=[req.to_message()],
-                    task_id=task_id,
-                    queue=request_queue_name(req.priority),
-                    producer=producer,
-                )
+        return [
+            app.send_task(
+                REQUEST_TASK,
+                args=[message],
+                task_id=task_id,
+                queue=request_queue_name(priority),
+                producer=producer,
             )
-    return results
+            for task_id, message in entries
+        ]
 
 
 def details(result: AsyncResult | str) -> dict[str, Any]:

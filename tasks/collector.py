@@ -49,7 +49,7 @@ from batching_site.celery import (
     request_queue_name,
 )
 
-from . import metrics, rounds, shared_state
+from . import ledger, metrics, rounds, shared_state
 from .core.clock import Clock, MonotonicClock
 from .core.policy import PRIORITIES, BatchPolicy
 from .core.scheduler import Batch, Item, Scheduler
@@ -152,8 +152,11 @@ class Collector:
             pass
         # The edge admits against broker depth plus this buffer, and a request leaves the
         # broker as soon as it is consumed: report the buffer now, not at the next
-        # housekeeping, or a burst slips past the queue caps in between.
-        if self._buffered() != self._reported_buffered:
+        # housekeeping, or a burst slips past the queue caps in between. Within 2% of a
+        # cap is close enough, and saves a round trip per request under load.
+        buffered = self._buffered()
+        caps = self.policy.queue_caps
+        if any(abs(n - self._reported_buffered.get(p, 0)) >= max(1, caps[p] // 50) for p, n in buffered.items()):
             self._heartbeat(shared_state.client())
 
     def _idle_timeout(self) -> float:
@@ -329,8 +332,9 @@ class Collector:
         # worker-pull replaces. Pull sends everything to `batches`.
         if self.dispatch != "push" or not self.device_names:
             return BATCH_QUEUE
+        name = self.device_names[self._pushed % len(self.device_names)]
         self._pushed += 1
-        return device_queue_name(self.device_names[self._pushed % len(self.device_names)])
+        return device_queue_name(name)
 
     def _expire(self) -> None:
         expired: list[Item[Held]] = []
@@ -380,8 +384,28 @@ class Collector:
         if now >= self._next_slow_refresh:
             self._next_slow_refresh = now + 5.0
             self.slow_inputs = {m.decode() for m in r.smembers(shared_state.SLOW_INPUTS_KEY)}
+            self._sweep_ledger(r)
         buffered = self._heartbeat(r)
         self.metrics.flush(r, buffered=buffered)
+
+    def _sweep_ledger(self, r: Any) -> None:
+        """Publish again any accepted request that has gone missing (see tasks/ledger.py).
+
+        Missing means: unanswered for longer than any redelivery takes, not held here,
+        and its queue is empty (so it is not simply waiting behind a backlog)."""
+        empty = {q for q in {request_queue_name(p) for p in PRIORITIES} if r.llen(q) == 0}
+        lost = [
+            (task_id, entry)
+            for task_id, entry in ledger.overdue(r, settings.LEDGER_GRACE_S)
+            if task_id not in self.held and entry["queue"] in empty
+        ]
+        for task_id, entry in lost:
+            log.warning("request %s was accepted but went missing; publishing it again", task_id)
+            self.app.send_task(
+                REQUEST_TASK, args=[entry["message"]], task_id=task_id, queue=entry["queue"], producer=self.producer
+            )
+        ledger.touch(r, [task_id for task_id, _ in lost])
+        self.stats["republished"] = self.stats.get("republished", 0) + len(lost)
 
     def _buffered(self) -> dict[str, int]:
         return {p: sum(s.depth(p) for s in self.schedulers.values()) for p in PRIORITIES}

@@ -20,11 +20,16 @@ from typing import Any
 from celery import states
 from celery.app.base import Celery
 
+from . import ledger
+
 #: Counters of first answers and of refused second answers: a test of "nobody is
 #: answered twice" reads them, and so can an operator after a crash.
 ANSWERS_KEY = "batching:answers"
 
+# The ledger entry goes in either case: the request has its one answer.
 _SET_ONCE = """
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('HDEL', KEYS[4], ARGV[3])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
     redis.call('HINCRBY', KEYS[2], 'first', 1)
@@ -88,8 +93,8 @@ class OutcomeWriter:
                 "batching": o.details,
             }
             script(
-                keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY],
-                args=[backend.encode(meta), int(expires or 86400)],
+                keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY, ledger.LEDGER_KEY, ledger.PAYLOADS_KEY],
+                args=[backend.encode(meta), int(expires or 86400), o.task_id],
                 client=pipe,
             )
         return sum(int(x) for x in pipe.execute())

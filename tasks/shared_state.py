@@ -78,24 +78,41 @@ class PolicyCache:
 # --- devices ---------------------------------------------------------------------------
 
 
+#: Sorted set: device id -> time of its last heartbeat. An index, so finding the live
+#: devices costs two round trips however many result keys the database holds (a SCAN
+#: for the heartbeat keys walks all of them).
+DEVICES_INDEX = "batching:devices"
+
+
 def device_heartbeat(device_id: str, info: dict[str, Any], r: redis.Redis | None = None) -> None:
-    (r or client()).set(DEVICE_PREFIX + device_id, json.dumps(info), ex=HEARTBEAT_TTL_S)
+    pipe = (r or client()).pipeline(transaction=False)
+    pipe.set(DEVICE_PREFIX + device_id, json.dumps(info), ex=HEARTBEAT_TTL_S)
+    pipe.zadd(DEVICES_INDEX, {device_id: time.time()})
+    pipe.execute()
 
 
 def forget_device(device_id: str, r: redis.Redis | None = None) -> None:
-    (r or client()).delete(DEVICE_PREFIX + device_id)
+    pipe = (r or client()).pipeline(transaction=False)
+    pipe.delete(DEVICE_PREFIX + device_id)
+    pipe.zrem(DEVICES_INDEX, device_id)
+    pipe.execute()
 
 
 def live_devices(r: redis.Redis | None = None) -> dict[str, dict[str, Any]]:
     r = r or client()
-    keys = list(r.scan_iter(match=DEVICE_PREFIX + "*", count=100))
-    if not keys:
+    cutoff = time.time() - HEARTBEAT_TTL_S
+    pipe = r.pipeline(transaction=False)
+    pipe.zremrangebyscore(DEVICES_INDEX, "-inf", cutoff)
+    pipe.zrange(DEVICES_INDEX, 0, -1)
+    _, members = pipe.execute()
+    ids = [m.decode() if isinstance(m, bytes) else m for m in members]
+    if not ids:
         return {}
     out: dict[str, dict[str, Any]] = {}
-    for key, raw in zip(keys, r.mget(keys), strict=True):
+    # The key's own TTL still decides: an index entry whose key has expired is dead.
+    for device_id, raw in zip(ids, r.mget([DEVICE_PREFIX + i for i in ids]), strict=True):
         if raw is not None:
-            name = key.decode() if isinstance(key, bytes) else key
-            out[name[len(DEVICE_PREFIX) :]] = json.loads(raw)
+            out[device_id] = json.loads(raw)
     return out
 
 

@@ -43,6 +43,7 @@ def bare_redis() -> Iterator[object]:
     for one test: what is submitted stays queued. Points back where it was afterwards."""
     from django.conf import settings
 
+    from batching_site.celery import app
     from batching_site.processes import LocalSystem
 
     previous = settings.REDIS_URL
@@ -53,6 +54,13 @@ def bare_redis() -> Iterator[object]:
         point_at(system.redis_url)
         yield system
     finally:
+        # AsyncResults made here unsubscribe from their result keys when collected; on
+        # a server that is gone, Celery retries that for 20 s. Make them forget it.
+        consumer = getattr(app._local.__dict__.get("backend"), "result_consumer", None)
+        if consumer is not None:
+            consumer.stop()
+            consumer._pubsub = None
+            consumer.subscribed_to.clear()
         point_at(previous)
         system.close()
 

@@ -48,8 +48,7 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 LONG_TEXT = " ".join(
-    f"sentence {i} talks about batching, padding and latency of embedding models on GPUs."
-    for i in range(30)
+    f"sentence {i} talks about batching, padding and latency of embedding models on GPUs." for i in range(30)
 )
 TEXTS = [
     "",
@@ -100,9 +99,7 @@ def test_max_tokens() -> None:
     assert get_spec("synthetic").max_tokens == 512
 
 
-@pytest.mark.parametrize(
-    "device", ["cpu", "cpu:0", "cpu:1", "cuda", "cuda:0", "cuda:7"]
-)
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "cpu:1", "cuda", "cuda:0", "cuda:7"])
 def test_check_device_ok(device: str) -> None:
     assert check_device(device) == device
 
@@ -167,9 +164,7 @@ def test_minilm_count_matches_sentence_transformers(
         expected = len(reference_model.tokenizer(text)["input_ids"])
         assert spec.count_tokens(text) == expected, text
         counts.append(expected)
-    assert max(counts) > 300, (
-        "need at least one text beyond the model's 256-token limit"
-    )
+    assert max(counts) > 300, "need at least one text beyond the model's 256-token limit"
     assert spec.count_tokens("") == 2
 
 
@@ -179,12 +174,8 @@ def test_minilm_count_matches_sentence_transformers(
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(text=st.text(max_size=200))
-def test_minilm_count_matches_sentence_transformers_fuzz(
-    reference_model: SentenceTransformer, text: str
-) -> None:
-    assert get_spec("minilm").count_tokens(text) == len(
-        reference_model.tokenizer(text)["input_ids"]
-    )
+def test_minilm_count_matches_sentence_transformers_fuzz(reference_model: SentenceTransformer, text: str) -> None:
+    assert get_spec("minilm").count_tokens(text) == len(reference_model.tokenizer(text)["input_ids"])
 
 
 def test_minilm_tokenizer_lazy_init_is_thread_safe() -> None:
@@ -255,9 +246,7 @@ def test_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch_threads_for() == 3
 
 
-def test_minilm_batched_equals_alone(
-    minilm_runner: BatchRunner, reference_model: SentenceTransformer
-) -> None:
+def test_minilm_batched_equals_alone(minilm_runner: BatchRunner, reference_model: SentenceTransformer) -> None:
     assert isinstance(minilm_runner, MiniLMRunner)
     assert minilm_runner.device == "cpu:0"
     texts = TEXTS
@@ -343,9 +332,7 @@ def test_synthetic_output_deterministic(fake_sleep: FakeSleep) -> None:
 
 def test_synthetic_fail_marker(fake_sleep: FakeSleep) -> None:
     runner = _runner(fake_sleep)
-    with pytest.raises(
-        PoisonInput, match="synthetic model refuses input containing !fail: 'bad !fail'"
-    ):
+    with pytest.raises(PoisonInput, match="synthetic model refuses input containing !fail: 'bad !fail'"):
         runner.run_batch(["fine", "bad !fail", "also fine"])
     assert issubclass(PoisonInput, ValueError)
     assert runner.run_batch(["fine"]) == [embed("fine")]
@@ -372,9 +359,7 @@ def test_synthetic_padding_cost(fake_sleep: FakeSleep) -> None:
     assert two_reversed == two
 
 
-def test_synthetic_env_knobs(
-    monkeypatch: pytest.MonkeyPatch, fake_sleep: FakeSleep
-) -> None:
+def test_synthetic_env_knobs(monkeypatch: pytest.MonkeyPatch, fake_sleep: FakeSleep) -> None:
     spec = SyntheticSpec(sleep=fake_sleep)
     monkeypatch.setenv("SYNTHETIC_OVERHEAD_S", "0.5")
     monkeypatch.setenv("SYNTHETIC_PER_TOKEN_S", "0.01")
@@ -420,9 +405,7 @@ def test_synthetic_really_sleeps_without_gil() -> None:
     # Two threads on two runners should overlap, as two devices would.
     import time
 
-    runners = [
-        SyntheticRunner(f"cpu:{i}", overhead_s=0.1, per_token_s=0.0) for i in range(2)
-    ]
+    runners = [SyntheticRunner(f"cpu:{i}", overhead_s=0.1, per_token_s=0.0) for i in range(2)]
     start = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda r: r.run_batch(["x"]), runners))

@@ -7,28 +7,76 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks', '0001_initial'),
+        ("tasks", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(blank=True, help_text="What the token is for, e.g. 'load test'.", max_length=100, verbose_name='name')),
-                ('prefix', models.CharField(editable=False, help_text="The token's first characters, to tell tokens apart.", max_length=16, verbose_name='prefix')),
-                ('key_hash', models.CharField(editable=False, help_text='SHA-256 of the token, hex.', max_length=64, unique=True, verbose_name='key hash')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, help_text='When the token was issued.', verbose_name='created at')),
-                ('revoked_at', models.DateTimeField(blank=True, help_text='Set to revoke the token; it stops working at once.', null=True, verbose_name='revoked at')),
-                ('user', models.ForeignKey(help_text='Requests made with this token act as this user.', on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL, verbose_name='user')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(
+                        blank=True,
+                        help_text="What the token is for, e.g. 'load test'.",
+                        max_length=100,
+                        verbose_name="name",
+                    ),
+                ),
+                (
+                    "prefix",
+                    models.CharField(
+                        editable=False,
+                        help_text="The token's first characters, to tell tokens apart.",
+                        max_length=16,
+                        verbose_name="prefix",
+                    ),
+                ),
+                (
+                    "key_hash",
+                    models.CharField(
+                        editable=False,
+                        help_text="SHA-256 of the token, hex.",
+                        max_length=64,
+                        unique=True,
+                        verbose_name="key hash",
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now,
+                        help_text="When the token was issued.",
+                        verbose_name="created at",
+                    ),
+                ),
+                (
+                    "revoked_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="Set to revoke the token; it stops working at once.",
+                        null=True,
+                        verbose_name="revoked at",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        help_text="Requests made with this token act as this user.",
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                        verbose_name="user",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'verbose_name_plural': 'API tokens',
-                'indexes': [models.Index(fields=['user', 'created_at'], name='tasks_apitoken_user_idx')],
+                "verbose_name": "API token",
+                "verbose_name_plural": "API tokens",
+                "indexes": [models.Index(fields=["user", "created_at"], name="tasks_apitoken_user_idx")],
             },
         ),
     ]

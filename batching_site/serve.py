@@ -1,0 +1,77 @@
+"""`python -m batching_site.serve ROLE`: become one process of the system.
+
+For containers and for GPU hosts that join an existing system, where there is no
+honcho. Every role execs the same command line that `make run` and the tests use
+(`batching_site/processes.py`), so what operators deploy is what the tests ran.
+
+    python -m batching_site.serve migrate                      # database migrations, then exit
+    python -m batching_site.serve web                          # gunicorn on 0.0.0.0:8000
+    python -m batching_site.serve collector                    # exactly one per system
+    python -m batching_site.serve device cuda:0                # one per GPU, on any host
+    python -m batching_site.serve device cuda:0 --preload minilm,synthetic
+    python -m batching_site.serve flower                       # needs FLOWER_BASIC_AUTH=user:password
+
+Every role reads REDIS_URL (and the web, DATABASE_URL) from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import processes
+
+#: Gunicorn worker processes of the web role. Each is a thin client: it validates,
+#: publishes and reads results, and never runs the model.
+WEB_WORKERS = int(os.environ.get("WEB_WORKERS", "2"))
+
+
+def gunicorn_command(*, bind: str = "0.0.0.0:8000", workers: int = WEB_WORKERS) -> list[str]:
+    return [
+        sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
+        "--bind", bind, "--workers", str(workers),
+        # A request view waits on its answer with a bounded timeout; this is the backstop.
+        "--timeout", "60", "--graceful-timeout", "30",
+        "--access-logfile", "-", "--forwarded-allow-ips", "*",
+    ]  # fmt: skip
+
+
+def command(argv: Sequence[str]) -> list[str]:
+    """The command line for a role, as `main` would exec it."""
+    parser = argparse.ArgumentParser(prog="python -m batching_site.serve", description=__doc__)
+    roles = parser.add_subparsers(dest="role", required=True)
+    roles.add_parser("migrate", help="apply database migrations and exit")
+    web = roles.add_parser("web", help="the Django site on gunicorn")
+    web.add_argument("--bind", default="0.0.0.0:8000")
+    roles.add_parser("collector", help="the batch collector (one per system)")
+    device = roles.add_parser("device", help="a device worker for one GPU (or simulated CPU device)")
+    device.add_argument("device", help="cuda:0, cuda:1, ... (or cpu:0 for a simulated device)")
+    device.add_argument("--preload", default=None, help="models to load at start (default: DEFAULT_MODEL)")
+    flower = roles.add_parser("flower", help="Flower, with basic auth from FLOWER_BASIC_AUTH")
+    flower.add_argument("--port", type=int, default=5555)
+    args = parser.parse_args(list(argv))
+
+    if args.role == "migrate":
+        return [sys.executable, "manage.py", "migrate", "--no-input"]
+    if args.role == "web":
+        return gunicorn_command(bind=args.bind)
+    if args.role == "collector":
+        return processes.collector_command()
+    if args.role == "device":
+        return processes.device_command(args.device, preload=args.preload)
+    if not os.environ.get("FLOWER_BASIC_AUTH"):
+        parser.error("flower listens on every interface here: set FLOWER_BASIC_AUTH=user:password")
+    # Flower reads FLOWER_BASIC_AUTH itself; the later --address overrides the local-only default.
+    return [*processes.flower_command(port=args.port), "--address=0.0.0.0"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cmd = command(sys.argv[1:] if argv is None else argv)
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main()

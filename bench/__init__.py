@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` runs bench/run_all.py; see docs/benchmarks.md."""
