@@ -4,6 +4,7 @@ free port, and real collector and device-worker processes talking to it."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -115,3 +116,20 @@ def restore_policy(live_system: object) -> Iterator[None]:
     shared_state.publish_policy(BatchPolicy())
     client._policy._read_at = float("-inf")
     wait_for_collector_policy(0)
+
+
+@pytest.fixture
+def threads_not_lingering() -> Iterator[None]:
+    """Fail the test if it leaves a non-daemon or batcher ("batch-*") thread alive,
+    like Celery's own guard fixture."""
+    before = set(threading.enumerate())
+    yield
+    lingering = []
+    for t in threading.enumerate():
+        if t in before or t is threading.current_thread():
+            continue
+        if not t.daemon or t.name.startswith("batch-"):
+            t.join(1.0)  # bounded grace for a thread that is just returning
+            if t.is_alive():
+                lingering.append(t.name)
+    assert not lingering, f"threads still alive after the test: {lingering}"

@@ -42,20 +42,7 @@ def assert_not_done(future: Future[Any]) -> None:
         future.result(timeout=QUIET)
 
 
-@pytest.fixture(autouse=True)
-def threads_not_lingering() -> Iterator[None]:
-    """Fail the test if it leaves a non-daemon or batcher ("batch-*") thread alive."""
-    before = set(threading.enumerate())
-    yield
-    lingering = []
-    for t in threading.enumerate():
-        if t in before or t is threading.current_thread():
-            continue
-        if not t.daemon or t.name.startswith("batch-"):
-            t.join(1.0)  # bounded grace for a thread that is just returning
-            if t.is_alive():
-                lingering.append(t.name)
-    assert not lingering, f"threads still alive after the test: {lingering}"
+pytestmark = pytest.mark.usefixtures("threads_not_lingering")
 
 
 class Recorder:

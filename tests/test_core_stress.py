@@ -7,7 +7,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
@@ -24,20 +23,7 @@ MAX_TOKENS = 16 * 40
 WAIT = 20.0
 
 
-@pytest.fixture(autouse=True)
-def threads_not_lingering() -> Iterator[None]:
-    """Fail the test if it leaves a non-daemon or batcher ("batch-*") thread alive."""
-    before = set(threading.enumerate())
-    yield
-    lingering = []
-    for t in threading.enumerate():
-        if t in before or t is threading.current_thread():
-            continue
-        if not t.daemon or t.name.startswith("batch-"):
-            t.join(1.0)
-            if t.is_alive():
-                lingering.append(t.name)
-    assert not lingering, f"threads still alive after the test: {lingering}"
+pytestmark = pytest.mark.usefixtures("threads_not_lingering")
 
 
 def tokens_of(x: tuple[int, int]) -> int:
