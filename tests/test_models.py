@@ -296,6 +296,13 @@ def _runner(sleep: FakeSleep, **kw: float) -> SyntheticRunner:
     return SyntheticRunner("cpu:0", sleep=sleep, **kw)
 
 
+def _cost(runner: SyntheticRunner, sleep: FakeSleep, texts: list[str]) -> float:
+    """Seconds one batch slept in all: the runner sleeps in slices, like model layers."""
+    start = len(sleep.calls)
+    runner.run_batch(texts)
+    return sum(sleep.calls[start:])
+
+
 def test_synthetic_tokens() -> None:
     spec = get_spec("synthetic")
     assert spec.count_tokens("") == 2
@@ -340,9 +347,8 @@ def test_synthetic_fail_marker(fake_sleep: FakeSleep) -> None:
 
 def test_synthetic_slow_marker_costs_20x(fake_sleep: FakeSleep) -> None:
     runner = _runner(fake_sleep, overhead_s=0.0)
-    runner.run_batch(["a b c d"])
-    runner.run_batch(["a b c !slow"])  # same token count
-    plain, slow = fake_sleep.calls
+    plain = _cost(runner, fake_sleep, ["a b c d"])
+    slow = _cost(runner, fake_sleep, ["a b c !slow"])  # same token count
     assert plain == pytest.approx(6 * DEFAULT_PER_TOKEN_S)
     assert slow == pytest.approx(20 * plain)
 
@@ -350,13 +356,12 @@ def test_synthetic_slow_marker_costs_20x(fake_sleep: FakeSleep) -> None:
 def test_synthetic_padding_cost(fake_sleep: FakeSleep) -> None:
     runner = _runner(fake_sleep)
     long_text = " ".join(["w"] * 98)  # 100 tokens
-    runner.run_batch([long_text])
-    runner.run_batch([long_text, "short"])
-    runner.run_batch(["short", long_text])
-    one, two, two_reversed = fake_sleep.calls
+    one = _cost(runner, fake_sleep, [long_text])
+    two = _cost(runner, fake_sleep, [long_text, "short"])
+    two_reversed = _cost(runner, fake_sleep, ["short", long_text])
     assert one == pytest.approx(DEFAULT_OVERHEAD_S + 100 * DEFAULT_PER_TOKEN_S)
     assert two == pytest.approx(DEFAULT_OVERHEAD_S + 2 * 100 * DEFAULT_PER_TOKEN_S)
-    assert two_reversed == two
+    assert two_reversed == pytest.approx(two)
 
 
 def test_synthetic_env_knobs(monkeypatch: pytest.MonkeyPatch, fake_sleep: FakeSleep) -> None:
@@ -366,12 +371,11 @@ def test_synthetic_env_knobs(monkeypatch: pytest.MonkeyPatch, fake_sleep: FakeSl
     monkeypatch.setenv("SYNTHETIC_SLOWDOWN", "2")
     runner = spec.load("cuda:0")
     assert runner.device == "cuda:0"
-    runner.run_batch(["a b", "c"])  # 2 texts x 4 tokens
-    assert fake_sleep.calls == [pytest.approx(2 * (0.5 + 8 * 0.01))]
+    assert isinstance(runner, SyntheticRunner)
+    assert _cost(runner, fake_sleep, ["a b", "c"]) == pytest.approx(2 * (0.5 + 8 * 0.01))  # 2 texts x 4 tokens
     # Read at load() time: a runner loaded earlier keeps its settings.
     monkeypatch.setenv("SYNTHETIC_SLOWDOWN", "1")
-    runner.run_batch(["a b", "c"])
-    assert fake_sleep.calls[-1] == pytest.approx(2 * (0.5 + 8 * 0.01))
+    assert _cost(runner, fake_sleep, ["a b", "c"]) == pytest.approx(2 * (0.5 + 8 * 0.01))
     monkeypatch.setenv("SYNTHETIC_SLOWDOWN", "-1")
     with pytest.raises(ValueError):
         spec.load("cpu")
