@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--slow-share", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--factor", type=float, default=4.0, help="watchdog limit, times the expected batch time")
+    ap.add_argument("--floor", type=float, default=0.05, help="watchdog limit never below this, seconds")
     args = ap.parse_args()
 
     rows = []
@@ -96,7 +98,13 @@ def main() -> None:
         ("no-isolation", args.slow_share, "0"),
     ]:
         stream = arrivals(args.rate, args.seconds, slow_share, args.seed)
-        with LocalSystem(preload="synthetic", env={**SYNTHETIC_ENV, "SLOW_ISOLATION": isolation}) as system:
+        env = {
+            **SYNTHETIC_ENV,
+            "SLOW_ISOLATION": isolation,
+            "SLOW_FACTOR": str(args.factor),
+            "SLOW_FLOOR_S": str(args.floor),
+        }
+        with LocalSystem(preload="synthetic", env=env) as system:
             assert system.redis_url
             connect(system.redis_url)
             warm = arrivals(args.rate, 3.0, 0.0, args.seed + 1)  # let cost models learn first
@@ -106,7 +114,8 @@ def main() -> None:
 
     base_p50, base_p99 = rows[0][2], rows[0][3]
     print(
-        f"\n{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.slow_share:.0%} slow inputs (20x cost), 2 devices\n"
+        f"\n{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.slow_share:.0%} slow inputs (20x cost), "
+        f"2 devices, watchdog {args.factor:g}x expected (floor {args.floor:g} s)\n"
     )
     print("| run | normal requests | p50 ms | p99 ms | max ms | p50 vs baseline | p99 vs baseline |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -48,6 +48,10 @@ CIRCUIT_COOLDOWN_S = float(os.environ.get("CIRCUIT_COOLDOWN_S", "30"))
 MAX_BOUNCES = 8
 #: 0 turns slow-request isolation off (no time limit, no slow lane): a benchmark baseline.
 SLOW_ISOLATION = os.environ.get("SLOW_ISOLATION", "1") != "0"
+#: A batch is cut off after this many times its expected time, and never before
+#: SLOW_FLOOR_S. Tighter catches slow inputs sooner but cuts more batches on a noisy host.
+SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "4"))
+SLOW_FLOOR_S = float(os.environ.get("SLOW_FLOOR_S", "0.05"))
 #: Words in an error that blame the device rather than the input.
 _DEVICE_ERROR_MARKS = ("CUDA", "OutOfMemory", "out of memory", "DeviceFault", "device-side")
 
@@ -248,7 +252,7 @@ class DeviceRunner:
         for running too long is bisected the same way, and a single request that is
         too slow on its own comes back as _SLOW, to be run alone afterwards.
         """
-        costs = self.costs.setdefault(model, CostModel())
+        costs = self.costs.setdefault(model, CostModel(factor=SLOW_FACTOR, floor_s=SLOW_FLOOR_S))
         padded = len(reqs) * max(r["tokens"] for r in reqs)
         limit = costs.limit_s(padded) if SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
         t0 = time.perf_counter()
