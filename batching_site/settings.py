@@ -121,7 +121,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 #: nowhere, was lost between Redis and a killed consumer: the collector publishes it
 #: again (tasks/ledger.py). Longer than any redelivery by the broker takes.
 LEDGER_GRACE_S = env.float("LEDGER_GRACE_S", default=2 * VISIBILITY_TIMEOUT_S + 10)
-CELERY_TASK_SEND_SENT_EVENT = True
+#: Flower shows a request as "sent" the moment it is queued; costs one publish per message.
+CELERY_TASK_SEND_SENT_EVENT = env.bool("TASK_SENT_EVENTS", default=True)
 CELERY_WORKER_SEND_TASK_EVENTS = True
 
 # --- Batching -----------------------------------------------------------------------
