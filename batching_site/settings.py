@@ -13,7 +13,9 @@ from django.core.management.utils import get_random_secret_key
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-if (BASE_DIR / ".env").exists():
+#: DJANGO_READ_DOT_ENV=0 ignores .env: a process configured wholly by its environment
+#: (a container, a settings test) must not pick up a developer's local secrets.
+if env.bool("DJANGO_READ_DOT_ENV", default=True) and (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 #: Off unless DJANGO_DEBUG=1. `make run` turns it on for local development.

@@ -32,6 +32,7 @@ def production_env(**extra: str) -> dict[str, str]:
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "batching_site.settings",
+            "DJANGO_READ_DOT_ENV": "0",
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
             "DJANGO_ALLOWED_HOSTS": "batching.example.com",
