@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 LEDGER_KEY = "batching:ledger"
 PAYLOADS_KEY = "batching:ledger:payloads"
@@ -46,6 +47,9 @@ end
 return {1, depth}
 """
 
+# Built once: a Script keeps its SHA and runs on whichever client each call names.
+_ADMIT_SCRIPT = Script(None, _ADMIT.encode())
+
 
 def admit(
     r: redis.Redis,
@@ -61,7 +65,7 @@ def admit(
     args: list[Any] = [priority, cap, time.time()]
     for task_id, message in entries:
         args += [task_id, json.dumps({"queue": queue, "message": message})]
-    ok, depth = r.register_script(_ADMIT)(keys=[queue, collector_key, LEDGER_KEY, PAYLOADS_KEY], args=args)
+    ok, depth = _ADMIT_SCRIPT(keys=[queue, collector_key, LEDGER_KEY, PAYLOADS_KEY], args=args, client=r)
     return bool(ok), int(depth)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from celery import states
 from celery.app.base import Celery
+from redis.commands.core import Script
 
 from . import ledger
 
@@ -38,6 +39,9 @@ end
 redis.call('HINCRBY', KEYS[2], 'refused', 1)
 return 0
 """
+# Built once: a Script keeps its SHA and runs on whichever client (or pipeline) each
+# call names, so no write rebuilds it.
+_SET_ONCE_SCRIPT = Script(None, _SET_ONCE.encode())
 
 
 @dataclass(slots=True)
@@ -71,7 +75,6 @@ class OutcomeWriter:
         if not outcomes:
             return 0
         backend = self._backend
-        script = backend.client.register_script(_SET_ONCE)
         pipe = backend.client.pipeline(transaction=False)
         done = self._app.now().isoformat()
         for o in outcomes:
@@ -92,7 +95,7 @@ class OutcomeWriter:
                 "task_id": o.task_id,
                 "batching": o.details,
             }
-            script(
+            _SET_ONCE_SCRIPT(
                 keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY, ledger.LEDGER_KEY, ledger.PAYLOADS_KEY],
                 args=[backend.encode(meta), int(expires or 86400), o.task_id],
                 client=pipe,

@@ -9,14 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from batching_site.processes import connect
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def point_at(redis_url: str) -> None:
-    from batching_site.processes import connect
-
-    connect(redis_url)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +28,7 @@ def live_system() -> Iterator[object]:
     try:
         system.start(timeout=180)
         assert system.redis_url
-        point_at(system.redis_url)
+        connect(system.redis_url)
         yield system
     finally:
         system.close()
@@ -52,7 +48,7 @@ def bare_redis() -> Iterator[object]:
     try:
         system.start_redis()
         assert system.redis_url
-        point_at(system.redis_url)
+        connect(system.redis_url)
         yield system
     finally:
         # AsyncResults made here unsubscribe from their result keys when collected; on
@@ -62,7 +58,7 @@ def bare_redis() -> Iterator[object]:
             consumer.stop()
             consumer._pubsub = None
             consumer.subscribed_to.clear()
-        point_at(previous)
+        connect(previous)
         system.close()
 
 
