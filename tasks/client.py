@@ -3,8 +3,9 @@
     from tasks.client import submit
     vector = submit("a sentence").get(timeout=10)        # 384 floats for minilm
 
-Each request is validated and tokenized here, at the edge, then published as one
-Celery task message on its priority's queue. Its task id is its AsyncResult id: the
+Each request is validated and tokenized here, at the edge, then queued as one Celery
+task message on its priority's queue: all the messages of one call in one round trip,
+together with the queue-cap check (tasks/request_queues.py). Its task id is its AsyncResult id: the
 device worker that runs it stores the answer (or this request's own error) under it.
 Safe to call from many threads and processes at once.
 """
@@ -20,9 +21,9 @@ from django.conf import settings
 
 from batching_site.celery import REQUEST_TASK, app, request_queue_name
 
-from . import ledger, metrics, shared_state
+from . import flower_events, metrics, request_queues, shared_state, wire
 from .errors import DeadlineExceeded, Overloaded, RequestTooLarge
-from .intake import accept
+from .intake import Request, accept
 
 __all__ = ["DeadlineExceeded", "Overloaded", "RequestTooLarge", "details", "submit", "submit_many"]
 
@@ -66,44 +67,39 @@ def submit_many(
     ]
     if not requests:
         return []
-    entries = [(str(uuid.uuid4()), req.to_message()) for req in requests]
-    _admit(priority, entries, policy.queue_caps[priority])
-    try:
-        return _publish(priority, entries)
-    except BaseException:
-        # Not published: strike them off, so the ledger sweep does not publish them later.
-        ledger.forget(shared_state.client(), [task_id for task_id, _ in entries])
-        raise
-
-
-def _admit(priority: str, entries: list[tuple[str, dict[str, Any]]], cap: int) -> None:
-    """Check the queue cap and record the requests in the ledger, in one atomic step."""
-    accepted, depth = ledger.admit(
-        shared_state.client(),
-        queue=request_queue_name(priority),
-        priority=priority,
-        cap=cap,
-        collector_key=shared_state.COLLECTOR_KEY,
-        entries=entries,
-    )
+    queue = request_queue_name(priority)
+    entries = []
+    for req in requests:
+        task_id = str(uuid.uuid4())
+        entries.append(
+            (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=_argsrepr(req)))
+        )
+    # The cap check, the ledger record and the push of every message: one round trip.
+    accepted, depth = request_queues.admit(shared_state.client(), priority, policy.queue_caps[priority], entries)
     if not accepted:
         metrics.record_rejected(priority, len(entries))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
-        raise Overloaded(request_queue_name(priority), cap, max(0.1, min(5.0, depth / 200.0)))
+        raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, depth / 200.0)))
+    if settings.CELERY_TASK_SEND_SENT_EVENT:
+        flower_events.sent(
+            app,
+            [
+                wire.sent_event(REQUEST_TASK, t, _argsrepr(r), queue)
+                for (t, _), r in zip(entries, requests, strict=True)
+            ],
+        )
+    results = []
+    for task_id, _ in entries:
+        # What send_task does for its result: subscribe now, so .get() misses nothing.
+        app.backend.on_task_call(None, task_id)
+        results.append(app.AsyncResult(task_id, task_name=REQUEST_TASK))
+    return results
 
 
-def _publish(priority: str, entries: list[tuple[str, dict[str, Any]]]) -> list[AsyncResult]:
-    with app.producer_or_acquire() as producer:
-        return [
-            app.send_task(
-                REQUEST_TASK,
-                args=[message],
-                task_id=task_id,
-                queue=request_queue_name(priority),
-                producer=producer,
-            )
-            for task_id, message in entries
-        ]
+def _argsrepr(req: Request) -> str:
+    """What Flower shows as a request's arguments."""
+    text = req.text if len(req.text) <= 60 else req.text[:57] + "..."
+    return f"({text!r}, {req.tokens} tokens)"
 
 
 def details(result: AsyncResult | str) -> dict[str, Any]:

@@ -1,30 +1,31 @@
 """The batch collector: request messages in, batch tasks out.
 
 It runs as one thread inside a Celery worker started with `--collector` (see
-`tasks/worker_steps.py`) and owns its broker connection, so every consume, publish and
-ack happens on one thread and no lock is needed.
+`tasks/worker_steps.py`), the only collector of its Redis, and is the only code that
+touches its state, so no lock is needed.
 
 One turn of the loop:
 
-    drain request messages  -> Scheduler.add()            (per tier, a bounded window)
-    drain collector.events  -> a device slot is free again
-    expire past-deadline    -> DeadlineExceeded outcome, ack
+    housekeeping            -> policy, live devices, heartbeat, ledger sweep (every 0.25 s)
+    expire past-deadline    -> DeadlineExceeded outcome, strike off
     while a slot is free and Scheduler.next_batch():
         form a batch
-    publish them on `batches` (or on a device queue), then ack their requests: one batch
-    as a plain task, several as one chord whose callback records the round (tasks/rounds.py)
+    send them: one batch as a plain task, several as one chord whose callback records
+        the round (tasks/rounds.py); their requests are struck off the held hashes
+    wait until a request arrives (only while a slot is free) or a device reports done
+    take every waiting request and event in one round trip -> Scheduler.add()
 
-Acks and hand-off: a request message stays unacked while the collector holds it and is
-acked only after the batch holding it has been published. If the collector dies, its
-unacked requests go back to their queue after the visibility timeout; if it dies between
-publishing and acking, a request can run twice, and the idempotent outcome write keeps
-the first answer. The window per tier (its prefetch count) bounds how long a request is
-held, well under the visibility timeout.
+Hand-off: `request_queues.take` moves request messages from their queue into a held
+hash in one script, and a batch task is pushed and its requests struck off in one
+transaction, so a request is always in exactly one place: its queue, the held hash, or
+a published batch. A collector that dies leaves its held requests in Redis and the next
+one adopts them at start. The window per tier bounds how many are held.
 
 Workers pull: the collector does not pick devices. It keeps at most
 `devices x (1 + batches_ahead)` batches outstanding, and a device that finishes a batch
 says so on `collector.events`. While a device is free the next batch leaves at once
-(with `max_wait_ms=0`); while all are busy, requests accumulate into fuller batches.
+(with `max_wait_ms=0`); while all are busy, requests wait in their queues and are taken
+together when a device frees, into fuller batches.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 from celery import Celery
 from django.conf import settings
-from kombu import Consumer, Exchange, Message, Producer, Queue
+from kombu import Exchange, Queue
 
 from batching_site.celery import (
     BATCH_QUEUE,
@@ -49,7 +50,7 @@ from batching_site.celery import (
     request_queue_name,
 )
 
-from . import ledger, metrics, rounds, shared_state
+from . import flower_events, ledger, metrics, request_queues, rounds, shared_state, wire
 from .core.clock import Clock, MonotonicClock
 from .core.policy import PRIORITIES, BatchPolicy
 from .core.scheduler import Batch, Item, Scheduler
@@ -75,13 +76,12 @@ def events_queue() -> Queue:
 
 
 class Held:
-    """A request the collector holds: its parsed form and the message to ack later."""
+    """A request the collector holds (in its tier's held hash until it is sent)."""
 
-    __slots__ = ("message", "request", "slow")
+    __slots__ = ("request", "slow")
 
-    def __init__(self, request: Request, message: Message, slow: bool = False) -> None:
+    def __init__(self, request: Request, slow: bool = False) -> None:
         self.request = request
-        self.message = message
         #: A device found this input too slow to share a batch: it runs alone.
         self.slow = slow
 
@@ -117,47 +117,56 @@ class Collector:
         self.outcomes = OutcomeWriter(app)
         self.metrics = metrics.CollectorMetrics()
         self._next_housekeeping = 0.0
-        self._reported_buffered: dict[str, int] = {}
         self.hostname = socket.gethostname()
+        self.redis = shared_state.client()
 
     # --- the loop -----------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        with self.app.connection_for_read() as conn, self.app.connection_for_write() as pconn:
-            conn.ensure_connection(max_retries=None)
-            self.producer = Producer(pconn.channel(), serializer="json")
-            consumers = self._consumers(conn)
+        with self.app.connection_for_write() as pconn:
+            pconn.ensure_connection(max_retries=None)
+            # Chords of batches (rounds) go through Celery's own producer.
+            self.producer = pconn.Producer(serializer="json")
+            # Done-events from before this collector started describe batches it never sent.
+            self.redis.delete(EVENTS_QUEUE)
             self._housekeeping(force=True)
+            self._adopt()
             log.info("collector ready: window %d per tier, %d device(s)", self.window, self.devices)
-            try:
-                while not stop.is_set():
-                    self._turn(conn)
-                self._drain_at_shutdown(conn)
-            finally:
-                for c in consumers:
-                    c.cancel()
+            while not stop.is_set():
+                self._turn()
+            self._drain_at_shutdown()
 
-    def _turn(self, conn: Any) -> None:
+    def _turn(self) -> None:
         self._housekeeping()
         self._expire()
         self._dispatch()
         timeout = self._idle_timeout()
-        try:
-            conn.drain_events(timeout=timeout)
-            # Take everything already waiting before deciding: a fuller view makes
-            # fuller, better-packed batches. Bounded, so a flood cannot stall dispatch.
-            for _ in range(4 * self.window):
-                conn.drain_events(timeout=0)
-        except TimeoutError:
-            pass
-        # The edge admits against broker depth plus this buffer, and a request leaves the
-        # broker as soon as it is consumed: report the buffer now, not at the next
-        # housekeeping, or a burst slips past the queue caps in between. Within 2% of a
-        # cap is close enough, and saves a round trip per request under load.
-        buffered = self._buffered()
-        caps = self.policy.queue_caps
-        if any(abs(n - self._reported_buffered.get(p, 0)) >= max(1, caps[p] // 50) for p, n in buffered.items()):
-            self._heartbeat(shared_state.client())
+        if timeout > 0:
+            # While every slot is busy, new requests wait in their queues: only a device
+            # reporting done (or a timer) ends the wait, and then everything is taken.
+            event = request_queues.wait(self.redis, timeout, requests=self._free_slots() > 0)
+            if event is not None:
+                self._on_event(wire.body(event))
+        self._take()
+
+    def _take(self) -> None:
+        tiers, events = request_queues.take(self.redis, self.window)
+        for raw in events:
+            self._on_event(wire.body(raw))
+        for priority, raws in tiers.items():
+            for raw in raws:
+                self._on_request(raw, priority)
+
+    def _adopt(self) -> None:
+        """Requests a previous collector took and never sent are ours now."""
+        held = request_queues.held(self.redis)
+        count = 0
+        for priority, raws in held.items():
+            for raw in raws:
+                self._on_request(raw, priority)
+                count += 1
+        if count:
+            log.warning("adopted %d request(s) held by a previous collector", count)
 
     def _idle_timeout(self) -> float:
         now = self.clock.now()
@@ -168,50 +177,26 @@ class Collector:
                 wake = min(wake, w)
         return max(0.0, min(HOUSEKEEPING_S, wake - now))
 
-    def _consumers(self, conn: Any) -> list[Consumer]:
-        consumers = []
-        for priority in PRIORITIES:
-            name = request_queue_name(priority)
-            queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
-            # A channel per tier, so each tier has its own prefetch window: a flood of
-            # "high" can never crowd "low" out of the collector's view.
-            c = Consumer(conn.channel(), queues=[queue], callbacks=[self._on_request], accept=["json"])
-            c.qos(prefetch_count=self.window)
-            c.consume()
-            consumers.append(c)
-        ev = events_queue()
-        ev_channel = conn.channel()
-        ev(ev_channel).declare()
-        # Done-events from before this collector started describe batches it never sent.
-        ev(ev_channel).purge()
-        c = Consumer(ev_channel, queues=[ev], callbacks=[self._on_event], accept=["json"], no_ack=True)
-        c.consume()
-        consumers.append(c)
-        return consumers
-
     # --- messages in ----------------------------------------------------------------
 
-    def _on_request(self, body: Any, message: Message) -> None:
-        task_id = message.headers.get("id") if message.headers else None
+    def _on_request(self, raw: bytes, priority: str) -> None:
+        task_id = wire.task_id_of(raw)
         try:
-            if message.headers.get("task") != REQUEST_TASK:
-                raise ValueError(f"not a request message: task {message.headers.get('task')!r}")
-            args = body[0]
-            request = Request.from_message(args[0])
+            message = wire.decode(raw)
+            if message.task != REQUEST_TASK:
+                raise ValueError(f"not a request message: task {message.task!r}")
+            request = Request.from_message(message.args[0])
+            if request.priority != priority:
+                raise ValueError(f"priority {request.priority!r} queued on the {priority!r} queue")
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
             log.error("rejecting malformed request message %s: %s", task_id, exc)
             if task_id:
                 self.outcomes.write([Outcome(task_id, error=ValueError(f"malformed request message: {exc}"))])
-            message.ack()
+                request_queues.ack(self.redis, [(priority, task_id)])
             self.stats["rejected"] += 1
             return
-        previous = self.held.get(task_id)
-        if previous is not None:
-            # Redelivered while we still hold it (the broker's visibility timeout passed).
-            # Keep one copy, and the newest delivery to ack, so a crash loses neither.
-            assert previous.payload is not None
-            previous.payload.message = message
-            return
+        if task_id in self.held:
+            return  # queued again by the ledger sweep while we hold it: keep one copy
         now = self.clock.now()
         slow = fingerprint(request.model, request.text) in self.slow_inputs
         age = max(0.0, time.time() - request.submitted_at)
@@ -222,7 +207,7 @@ class Collector:
             priority=request.priority,
             enqueued_at=now - age,
             deadline=deadline,
-            payload=Held(request, message, slow),
+            payload=Held(request, slow),
             alone=request.alone or slow,
         )
         sched = self.schedulers.get(request.model)
@@ -231,7 +216,7 @@ class Collector:
         sched.add(item)
         self.held[task_id] = item
 
-    def _on_event(self, body: Any, message: Message) -> None:
+    def _on_event(self, body: Any) -> None:
         kind = body.get("kind") if isinstance(body, dict) else None
         if kind == "done":
             if self.outstanding.pop(body.get("batch_id"), None) is not None:
@@ -304,22 +289,28 @@ class Collector:
 
     def _send(self, formed: list[tuple[str, Batch[Held]]]) -> None:
         bodies = [self._message(mb) for mb in formed]
+        items = [(item.priority, item.id) for _, batch in formed for item in batch.items]
         if len(bodies) == 1:
+            # The batch task is pushed and its requests struck off in one transaction.
             body = bodies[0]
-            self.app.send_task(
-                BATCH_TASK, args=[body], task_id=body["batch_id"], queue=self._queue(), producer=self.producer
+            queue = self._queue()
+            raw = wire.task_message(
+                self.app, BATCH_TASK, body["batch_id"], [body], queue, argsrepr=f"<batch of {len(body['requests'])}>"
             )
+            request_queues.dispatch(self.redis, queue, raw, items)
+            if settings.CELERY_TASK_SEND_SENT_EVENT:
+                argsrepr = f"<batch of {len(body['requests'])}>"
+                flower_events.sent(self.app, [wire.sent_event(BATCH_TASK, body["batch_id"], argsrepr, queue)])
         else:
             # A round: one chord, whose callback records the round (tasks/rounds.py).
             # Callers do not wait on it; each request is answered by its own batch.
+            # Only once every batch is safely in the broker are their requests struck off.
             meta = {"round_id": str(uuid.uuid4()), "dispatched_at": time.time()}
-            rounds.round_chord(self.app, [(b, self._queue()) for b in bodies], meta).apply_async()
+            rounds.round_chord(self.app, [(b, self._queue()) for b in bodies], meta).apply_async(producer=self.producer)
+            request_queues.ack(self.redis, items)
             self.stats["rounds"] += 1
-        # Only now that every batch is safely in the broker are their requests acked.
         for (_, batch), body in zip(formed, bodies, strict=True):
             for item in batch.items:
-                assert item.payload is not None
-                item.payload.message.ack()
                 self.held.pop(item.id, None)
             self.outstanding[body["batch_id"]] = (self.clock.now(), batch.padded_tokens)
             self.stats["dispatched_batches"] += 1
@@ -352,9 +343,8 @@ class Collector:
                 for i in expired
             ]
         )
+        request_queues.ack(self.redis, [(item.priority, item.id) for item in expired])
         for item in expired:
-            assert item.payload is not None
-            item.payload.message.ack()
             self.held.pop(item.id, None)
         self.stats["expired"] += len(expired)
         self.metrics.expired(expired)
@@ -389,22 +379,18 @@ class Collector:
         self.metrics.flush(r, buffered=buffered)
 
     def _sweep_ledger(self, r: Any) -> None:
-        """Publish again any accepted request that has gone missing (see tasks/ledger.py).
+        """Queue again any accepted request that has gone missing (see tasks/ledger.py).
 
         Missing means: unanswered for longer than any redelivery takes, not held here,
         and its queue is empty (so it is not simply waiting behind a backlog)."""
-        empty = {q for q in {request_queue_name(p) for p in PRIORITIES} if r.llen(q) == 0}
-        lost = [
-            (task_id, entry)
-            for task_id, entry in ledger.overdue(r, settings.LEDGER_GRACE_S)
-            if task_id not in self.held and entry["queue"] in empty
-        ]
-        for task_id, entry in lost:
-            log.warning("request %s was accepted but went missing; publishing it again", task_id)
-            self.app.send_task(
-                REQUEST_TASK, args=[entry["message"]], task_id=task_id, queue=entry["queue"], producer=self.producer
-            )
-        ledger.touch(r, [task_id for task_id, _ in lost])
+        empty = {p for p in PRIORITIES if r.llen(request_queue_name(p)) == 0}
+        lost = []
+        for task_id, raw in ledger.overdue(r, settings.LEDGER_GRACE_S):
+            priority = request_queues.queue_of(raw)
+            if task_id not in self.held and priority in empty:
+                log.warning("request %s was accepted but went missing; queuing it again", task_id)
+                lost.append((priority, task_id, raw))
+        request_queues.republish(r, lost)
         self.stats["republished"] = self.stats.get("republished", 0) + len(lost)
 
     def _buffered(self) -> dict[str, int]:
@@ -424,12 +410,23 @@ class Collector:
             },
             r,
         )
-        self._reported_buffered = buffered
         return buffered
 
-    def _drain_at_shutdown(self, conn: Any) -> None:
-        """Dispatch what is held if any device can run it; otherwise leave it unacked,
-        and closing the channels returns it to the broker for the next collector."""
+    def _drain_at_shutdown(self) -> None:
+        """Dispatch what is held if any device can run it; put the rest back at the
+        head of its queue for the next collector."""
         if self.devices and self.held:
             log.info("collector shutting down: dispatching %d held request(s)", len(self.held))
             self._dispatch(force=True)
+        rest = sorted(self.held.values(), key=lambda i: i.enqueued_at)
+        if rest:
+            raws = self._raws({(i.priority, i.id) for i in rest})
+            request_queues.release(self.redis, [(i.priority, i.id, raws[i.id]) for i in rest if i.id in raws])
+            log.info("collector shutting down: %d held request(s) back in their queues", len(rest))
+
+    def _raws(self, items: set[tuple[str, str]]) -> dict[str, bytes]:
+        pipe = self.redis.pipeline(transaction=False)
+        ordered = sorted(items)
+        for priority, task_id in ordered:
+            pipe.hget(request_queues.held_key(priority), task_id)
+        return {t: raw for (_, t), raw in zip(ordered, pipe.execute(), strict=True) if raw is not None}

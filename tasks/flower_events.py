@@ -23,6 +23,7 @@ from typing import Any
 
 from celery import Celery, current_task
 from celery.events import EventDispatcher
+from celery.utils.nodenames import anon_nodename
 
 from batching_site.celery import REQUEST_TASK
 
@@ -109,4 +110,20 @@ def emit(
         d.flush(errors=False)
     except Exception:  # noqa: BLE001 - see the docstring
         log.warning("could not send request task events for Flower", exc_info=True)
+        _forget()
+
+
+def sent(app: Celery, events: Sequence[Mapping[str, Any]]) -> None:
+    """The task-sent events of messages queued without `send_task` (tasks/wire.py), in
+    one message. Never raises: a request is queued whether or not Flower hears of it."""
+    if not events:
+        return
+    try:
+        d = _dispatcher(app, anon_nodename())
+        now = time.time()
+        for fields in events:
+            d.send("task-sent", timestamp=now, **fields)
+        d.flush(errors=False)
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.warning("could not send task-sent events", exc_info=True)
         _forget()

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from .core.policy import PRIORITIES, BatchPolicy
+from .core.policy import BatchPolicy
 
 POLICY_KEY = "batching:policy"
 DEVICE_PREFIX = "batching:device:"
@@ -126,17 +126,3 @@ def collector_heartbeat(info: dict[str, Any], r: redis.Redis | None = None) -> N
 def read_collector(r: redis.Redis | None = None) -> dict[str, Any] | None:
     raw = (r or client()).get(COLLECTOR_KEY)
     return None if raw is None else json.loads(raw)
-
-
-def queue_depths(r: redis.Redis | None = None) -> dict[str, int]:
-    """Requests waiting per tier: in the broker plus in the collector's buffer."""
-    from batching_site.celery import request_queue_name
-
-    r = r or client()
-    pipe = r.pipeline(transaction=False)
-    for p in PRIORITIES:
-        pipe.llen(request_queue_name(p))
-    pipe.get(COLLECTOR_KEY)
-    *lengths, raw = pipe.execute()
-    buffered = json.loads(raw).get("buffered", {}) if raw else {}
-    return {p: int(n) + int(buffered.get(p, 0)) for p, n in zip(PRIORITIES, lengths, strict=True)}

@@ -11,15 +11,20 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from celery.result import AsyncResult
 from django.conf import settings
 
+from batching_site.celery import REQUEST_TASK, app, request_queue_name
 from batching_site.processes import LocalSystem, connect
 from gpu_workers.models import synthetic
-from tasks import shared_state
+from tasks import ledger, shared_state, wire
 from tasks.client import details, submit, submit_many
+from tasks.core.policy import BatchPolicy
+from tasks.intake import accept
 from tasks.outcomes import ANSWERS_KEY
 
 pytestmark = pytest.mark.live
@@ -110,6 +115,24 @@ def test_collector_killed_loses_nothing(chaos_system: LocalSystem) -> None:
 
     load_with(kill_and_restart, "collector-kill")
     chaos_system.wait_ready(2)
+    # What the killed collector held, the new one adopted from Redis at start: nothing
+    # needed the ledger's repair.
+    assert (shared_state.read_collector() or {}).get("stats", {}).get("republished", 0) == 0
+
+
+def test_an_accepted_request_that_went_missing_is_queued_again(chaos_system: LocalSystem) -> None:
+    # As if a device worker had died between popping a batch and recording it unacked:
+    # the request is in the ledger, and nowhere else.
+    task_id = str(uuid.uuid4())
+    text = "lost after acceptance"
+    request = accept(text, model="synthetic", policy=BatchPolicy(), default_model="synthetic")
+    raw = wire.task_message(app, REQUEST_TASK, task_id, [request.to_message()], request_queue_name("normal"))
+    r = shared_state.client()
+    r.zadd(ledger.LEDGER_KEY, {task_id: time.time() - 3600})
+    r.hset(ledger.PAYLOADS_KEY, task_id, raw)
+    # The collector sweeps the ledger every few seconds.
+    assert AsyncResult(task_id, app=app).get(timeout=30) == synthetic.embed(text)
+    assert r.zscore(ledger.LEDGER_KEY, task_id) is None, "the answer strikes it off the ledger"
 
 
 def test_poison_input_fails_alone_in_a_batch_of_32(chaos_system: LocalSystem) -> None:

@@ -1,0 +1,156 @@
+"""The serving overhead alone, in about a minute: no model, just the plumbing.
+
+    .venv/bin/python bench/overhead.py                 # pipeline vs plain Celery, no-op work
+    .venv/bin/python bench/overhead.py --profile DIR   # and py-spy flame graphs of every process
+
+The two overhead rows of `make bench` (idle round trip and no-op throughput), without
+loading MiniLM: our pipeline with the zero-cost `synthetic` model on two device
+workers, against a plain Celery no-op task on a 2-process prefork worker. For working
+on the hot path; `make bench` is the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+django.setup()
+
+from bench.run_all import NOOP_THREADS, redis_server  # noqa: E402
+from bench.workload import bulk, closed_loop, corpus  # noqa: E402
+
+
+def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each process for `seconds`: a flame graph and collapsed stacks each."""
+    out.mkdir(parents=True, exist_ok=True)
+    spy = REPO / ".venv/bin/py-spy"
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "-p",
+                str(pid),
+                "-d",
+                str(int(seconds)),
+                "--nonblocking",
+                "--format",
+                fmt,
+                "-o",
+                str(out / f"{name}.{ext}"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+        for fmt, ext in (("flamegraph", "svg"), ("raw", "txt"))
+    ]
+
+
+def _report(name: str, idle: Any, noop: Any) -> dict[str, float]:
+    row = {
+        "idle_p50_ms": round(idle.percentile_ms(50), 2),
+        "idle_p99_ms": round(idle.percentile_ms(99), 2),
+        "noop_per_s": round(noop.throughput, 1),
+    }
+    print(
+        f"{name:<14} idle p50 {row['idle_p50_ms']:6.2f} ms  p99 {row['idle_p99_ms']:6.2f} ms  "
+        f"no-op {row['noop_per_s']:7.1f}/s"
+    )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle", type=int, default=300, help="sequential requests for the idle round trip")
+    parser.add_argument("--noop", type=int, default=4000, help="requests for the no-op throughput")
+    parser.add_argument("--only", choices=["pipeline", "plain"], help="measure one system only")
+    parser.add_argument("--profile", type=Path, help="write py-spy flame graphs of the no-op run here")
+    args = parser.parse_args()
+    texts = corpus(max(args.idle, args.noop))
+    log_dir = REPO / "bench/out/overhead-logs"
+    rows = {}
+    with redis_server(log_dir) as (base, redis_pid):
+        if args.only != "plain":
+            from batching_site.processes import LocalSystem, connect
+            from tasks.client import submit, submit_many
+
+            system = LocalSystem(
+                devices=["cpu:0", "cpu:1"],
+                preload="synthetic",
+                env={"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"},
+                redis_url=f"{base}/0",
+                log_dir=str(log_dir),
+            )
+            with system:
+                connect(f"{base}/0")
+                short = [t[:60] for t in texts]
+                closed_loop("warm-up", lambda t: submit(t, model="synthetic").get(timeout=30), short[:50], 4)
+                idle = closed_loop(
+                    "idle", lambda t: submit(t, model="synthetic").get(timeout=30), short[: args.idle], 1
+                )
+                spies = []
+                if args.profile:
+                    pids = {name: p.pid for name, p in system.procs.items()} | {"client": os.getpid()}
+                    spies = _profile(pids, args.profile / "pipeline", 6)
+                noop = bulk(
+                    "noop",
+                    lambda c: submit_many(c, model="synthetic"),
+                    lambda r: r.get(timeout=60),
+                    short[: args.noop],
+                    NOOP_THREADS,
+                )
+                for s in spies:
+                    s.wait()
+                rows["pipeline"] = _report("pipeline", idle, noop)
+        if args.only != "pipeline":
+            from bench.baselines import plain_celery
+            from bench.baselines.common import Worker
+
+            app = plain_celery.app
+            with Worker(
+                "bench.baselines.plain_celery",
+                app,
+                f"{base}/1",
+                args=["-P", "prefork", "-c", "2", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                env={},
+                log_path=log_dir / "plain_celery.log",
+            ) as worker:
+                short = [t[:60] for t in texts]
+                closed_loop("warm-up", lambda t: plain_celery.noop.delay(t).get(timeout=30), short[:50], 4)
+                idle = closed_loop("idle", lambda t: plain_celery.noop.delay(t).get(timeout=30), short[: args.idle], 1)
+                spies = (
+                    _profile({"worker": worker.pids()[0], "client": os.getpid()}, args.profile / "plain", 6)
+                    if args.profile
+                    else []
+                )
+
+                def send_many(chunk: list[str]) -> list[Any]:
+                    with app.producer_or_acquire() as producer:
+                        return [plain_celery.noop.apply_async((t,), producer=producer) for t in chunk]
+
+                noop = bulk("noop", send_many, lambda r: r.get(timeout=60), short[: args.noop], NOOP_THREADS)
+                for s in spies:
+                    s.wait()
+                rows["plain"] = _report("plain Celery", idle, noop)
+    if len(rows) == 2:
+        p, c = rows["pipeline"], rows["plain"]
+        print(
+            f"ratios: idle p50 {p['idle_p50_ms'] / c['idle_p50_ms']:.2f}x (target <= 1.2x)  "
+            f"no-op {p['noop_per_s'] / c['noop_per_s']:.2f}x (target >= 2x)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Celery task messages exactly as kombu's Redis transport stores them, built and read
+here so that many can go to Redis in one round trip.
+
+A kombu Producer publishes one message per call: one LPUSH (and one task-sent event)
+per request. The edge instead builds every message of a `submit_many` here and pushes
+them all, with the queue-cap check and the ledger record, in one Lua script; the
+collector takes many at once the same way. The messages are the ones `send_task` would
+write (Celery protocol 2 headers from `app.amqp.as_task_v2`, kombu's JSON envelope with
+a base64 body), so a Celery worker consumes them as usual: batch tasks built here are
+run by ordinary device workers.
+
+    envelope = {"body": base64(json([args, kwargs, embed])), "content-type": ...,
+                "headers": {"task": ..., "id": ..., ...}, "properties": {"delivery_tag": ...}}
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    task: str | None
+    task_id: str | None
+    args: Sequence[Any]
+    kwargs: dict[str, Any]
+
+
+def task_message(
+    app: Celery,
+    name: str,
+    task_id: str,
+    args: Sequence[Any],
+    queue: str,
+    *,
+    argsrepr: str | None = None,
+    parent_id: str | None = None,
+    root_id: str | None = None,
+) -> str:
+    """One task message for `queue`, serialized as the transport keeps it."""
+    m = app.amqp.as_task_v2(
+        task_id,
+        name,
+        args=args,
+        argsrepr=argsrepr if argsrepr is not None else f"<{len(args)} args>",
+        kwargsrepr="{}",
+        parent_id=parent_id,
+        root_id=root_id,
+    )
+    body = json.dumps(m.body).encode()
+    envelope = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": CONTENT_TYPE,
+        "headers": m.headers,
+        "properties": {
+            **m.properties,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": queue, "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return json.dumps(envelope)
+
+
+def sent_event(name: str, task_id: str, argsrepr: str, queue: str) -> dict[str, Any]:
+    """The fields of the task-sent event `send_task` would have sent for this message."""
+    return {
+        "uuid": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "name": name,
+        "args": argsrepr,
+        "kwargs": "{}",
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "queue": queue,
+        "exchange": queue,
+        "routing_key": queue,
+    }
+
+
+def body(raw: bytes | str) -> Any:
+    """The decoded body of a stored message (a task's [args, kwargs, embed], or an
+    event's dict)."""
+    envelope = json.loads(raw)
+    data = envelope["body"]
+    if envelope.get("properties", {}).get("body_encoding") == "base64":
+        data = base64.b64decode(data)
+    return json.loads(data)
+
+
+def decode(raw: bytes | str) -> Decoded:
+    """Task name, id and arguments of a stored task message. Raises ValueError for
+    anything that is not one."""
+    try:
+        envelope = json.loads(raw)
+        headers = envelope.get("headers") or {}
+        data = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            data = base64.b64decode(data)
+        args, kwargs, _embed = json.loads(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a task message: {exc}") from exc
+    return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
+
+
+def task_id_of(raw: bytes | str) -> str | None:
+    try:
+        return (json.loads(raw).get("headers") or {}).get("id")
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def routing_key(raw: bytes | str) -> str | None:
+    """The queue a stored message was published to."""
+    try:
+        return json.loads(raw)["properties"]["delivery_info"]["routing_key"]
+    except (KeyError, TypeError, ValueError):
+        return None
