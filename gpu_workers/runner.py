@@ -3,14 +3,14 @@
 A device worker creates exactly one `DeviceRunner` when it starts (see
 `gpu_workers/worker_steps.py`) and closes it when it stops. For each batch it:
 
-1. skips requests that already have an outcome (a redelivered batch) and fails those
-   past their deadline (they must never run late);
+1. skips requests that already have an outcome (in a batch the broker redelivered or a
+   device bounced) and fails those past their deadline (they must never run late);
 2. runs the rest in one model call under a time limit learned from past batches; if
    the call raises or runs too long, splits the batch in halves and retries each, so
    only inputs that fail on their own fail, and inputs too slow to share a batch are
    found and run alone (at most log2(n) levels);
-3. writes every request's own outcome in one round trip, under its own task id;
-4. tells the collector the device is free again.
+3. writes every request's own outcome under its own task id and tells the collector
+   the device is free again, in one round trip.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from batching_site.celery import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
 from gpu_workers.models import get_spec
 from gpu_workers.models.base import BatchRunner
 from gpu_workers.watchdog import BatchTooSlow, Watchdog
-from tasks import flower_events, metrics, shared_state
+from tasks import flower_events, metrics, shared_state, wire
 from tasks.core.circuit import CircuitBreaker
 from tasks.core.slowness import CostModel, fingerprint
 from tasks.errors import BatchOutputMismatch, DeadlineExceeded, InferenceError
@@ -99,14 +99,19 @@ class DeviceRunner:
 
     # --- one batch ------------------------------------------------------------------
 
-    def execute(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def execute(self, batch: dict[str, Any], *, redelivered: bool = True) -> dict[str, Any]:
+        """Run one batch. `redelivered=False` (a first delivery, as the broker says) skips
+        asking which requests are already answered: none can be."""
         if not self.breaker.allow() and batch.get("bounces", 0) < MAX_BOUNCES:
             return self._bounce(batch)
         started = time.time()
         model = batch["model"]
         requests: list[dict[str, Any]] = batch["requests"]
-        todo_ids = self._outcomes.missing([r["id"] for r in requests])
-        todo = [r for r in requests if r["id"] in todo_ids]
+        if redelivered or batch.get("bounces"):
+            todo_ids = self._outcomes.missing([r["id"] for r in requests])
+            todo = [r for r in requests if r["id"] in todo_ids]
+        else:
+            todo = list(requests)
         outcomes: list[Outcome] = []
         live = []
         for r in todo:
@@ -151,27 +156,36 @@ class DeviceRunner:
                 outcomes.append(Outcome(r["id"], error=res, details=details))
             else:
                 outcomes.append(Outcome(r["id"], result=res, details=details))
-        # Batch-mates are answered before the slow inputs run on their own.
-        written = self._outcomes.write(outcomes)
-        if slow:
-            isolated = self._isolate(model, runner, slow, base)
-            written += self._outcomes.write(isolated)
-            outcomes += isolated
-        metrics.record_batch(self.device_id, batch, outcomes, run_s)
-        flower_events.emit(self.app, batch, outcomes, started_at=started, run_s=run_s)
+        done = {
+            "kind": "done",
+            "batch_id": batch["batch_id"],
+            "device": self.device_id,
+            "padded_tokens": batch.get("padded_tokens") or 0,
+            "run_ms": base["run_ms"],
+        }
+        done_message = wire.event_message(done, EVENTS_QUEUE)
 
+        def also(pipe: Any) -> None:
+            # In the same round trip as the last answers: Flower's events for them, and
+            # the collector hears that this device is free, so the next batch is on its
+            # way while the bookkeeping below runs.
+            flower_events.ran(
+                self.app, batch, outcomes, started_at=started, run_s=run_s, hostname=self.nodename or self.device_id
+            ).publish_on(pipe)
+            pipe.lpush(EVENTS_QUEUE, done_message)
+
+        if slow:
+            # Batch-mates are answered before the slow inputs run on their own.
+            written = self._outcomes.write(outcomes)
+            isolated = self._isolate(model, runner, slow, base)
+            outcomes += isolated
+            written += self._outcomes.write(isolated, also=also)
+        else:
+            written = self._outcomes.write(outcomes, also=also)
         self.batches += 1
         self.requests += len(live)
         self.busy_s += time.perf_counter() - t0
-        self._emit(
-            {
-                "kind": "done",
-                "batch_id": batch["batch_id"],
-                "device": self.device_id,
-                "padded_tokens": batch.get("padded_tokens") or 0,
-                "run_ms": base["run_ms"],
-            }
-        )
+        metrics.record_batch(self.device_id, batch, outcomes, run_s)
         return {
             "batch_id": batch["batch_id"],
             "device": self.device_id,

@@ -2,19 +2,24 @@
 
 acks_late + reject_on_worker_lost: the batch message is acked only after every
 request's outcome is written, so a device worker killed mid-batch leaves it unacked and
-the broker hands it to another device after the visibility timeout. The rerun skips
-requests already answered (see DeviceRunner.execute), so nobody is answered twice.
+the broker hands it to another device after the visibility timeout, marked redelivered.
+The rerun skips requests already answered (see DeviceRunner.execute), and the outcome
+write keeps only a first answer in any case, so nobody is answered twice.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from celery import Task
+
 from batching_site.celery import BATCH_TASK, app
 
 from . import runner
 
 
-@app.task(name=BATCH_TASK, acks_late=True, reject_on_worker_lost=True)
-def run_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    return runner.current().execute(batch)
+@app.task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_batch(self: Task, batch: dict[str, Any]) -> dict[str, Any]:
+    # kombu marks a message it restored after the visibility timeout as redelivered.
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    return runner.current().execute(batch, redelivered=redelivered)

@@ -74,20 +74,20 @@ def submit_many(
         entries.append(
             (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=_argsrepr(req)))
         )
-    # The cap check, the ledger record and the push of every message: one round trip.
-    accepted, depth = request_queues.admit(shared_state.client(), priority, policy.queue_caps[priority], entries)
+    events = None
+    if settings.CELERY_TASK_SEND_SENT_EVENT:
+        events = flower_events.sent(
+            app, REQUEST_TASK, [(t, _argsrepr(r)) for (t, _), r in zip(entries, requests, strict=True)], queue
+        )
+    # The cap check, the ledger record, the push of every message and their task-sent
+    # events: one round trip.
+    accepted, depth = request_queues.admit(
+        shared_state.client(), priority, policy.queue_caps[priority], entries, events
+    )
     if not accepted:
         metrics.record_rejected(priority, len(entries))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
         raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, depth / 200.0)))
-    if settings.CELERY_TASK_SEND_SENT_EVENT:
-        flower_events.sent(
-            app,
-            [
-                wire.sent_event(REQUEST_TASK, t, _argsrepr(r), queue)
-                for (t, _), r in zip(entries, requests, strict=True)
-            ],
-        )
     results = []
     for task_id, _ in entries:
         # What send_task does for its result: subscribe now, so .get() misses nothing.

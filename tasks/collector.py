@@ -294,13 +294,22 @@ class Collector:
             # The batch task is pushed and its requests struck off in one transaction.
             body = bodies[0]
             queue = self._queue()
+            # No caller waits on a lone batch's own result (each request has its own), so
+            # the device does not store one; a round's batches keep theirs for the chord.
             raw = wire.task_message(
-                self.app, BATCH_TASK, body["batch_id"], [body], queue, argsrepr=f"<batch of {len(body['requests'])}>"
+                self.app,
+                BATCH_TASK,
+                body["batch_id"],
+                [body],
+                queue,
+                argsrepr=f"<batch of {len(body['requests'])}>",
+                ignore_result=True,
             )
-            request_queues.dispatch(self.redis, queue, raw, items)
+            events = None
             if settings.CELERY_TASK_SEND_SENT_EVENT:
                 argsrepr = f"<batch of {len(body['requests'])}>"
-                flower_events.sent(self.app, [wire.sent_event(BATCH_TASK, body["batch_id"], argsrepr, queue)])
+                events = flower_events.sent(self.app, BATCH_TASK, [(body["batch_id"], argsrepr)], queue)
+            request_queues.dispatch(self.redis, queue, raw, items, events)
         else:
             # A round: one chord, whose callback records the round (tasks/rounds.py).
             # Callers do not wait on it; each request is answered by its own batch.

@@ -1,64 +1,118 @@
-"""Task events for request tasks, so Flower shows each request's final state.
+"""Task events for request tasks, so Flower shows each request's whole life.
 
 A request is a Celery task message (`tasks.request`) that no Celery worker executes:
-the collector consumes it and a device worker answers it inside a batch task. Flower
-would see only its task-sent event and show it as sent forever. So after a batch's
-outcomes are written, the device worker sends for each request the events a worker
-would have sent (task-received at dispatch, task-started, then task-succeeded or
-task-failed) as one `task.multi` message, Celery's own format for batched events: one
-publish per batch, not per request. Batch tasks are ordinary Celery tasks with
-ordinary events.
+the collector takes it and a device worker answers it inside a batch task. So the
+events a worker would have sent are sent by the processes that do the work, each as
+one `task.multi` message (Celery's own format for batched events), PUBLISHed in the
+same Redis round trip that does the work, never in one of its own:
 
-Requests that expire in the collector, before any device sees them, get no events:
-Flower shows them as sent; /requests/<id> and the API show their DeadlineExceeded.
+- the edge: task-sent for every request of a `submit_many`, in the script that queues
+  them (`request_queues.admit`), and only if they were accepted;
+- the collector: task-sent for a batch task, in the transaction that pushes it;
+- the device worker: task-received (at dispatch), task-started, then task-succeeded or
+  task-failed for each request, in the pipeline that writes their outcomes.
+
+Batch tasks are ordinary Celery tasks: the device worker's Celery sends their other
+events. Requests that expire in the collector, before any device sees them, get no
+further events: Flower shows them as sent; /requests/<id> and the API show their
+DeadlineExceeded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from celery import Celery, current_task
-from celery.events import EventDispatcher
+from celery import Celery
+from celery.events import Event
 from celery.utils.nodenames import anon_nodename
+from celery.utils.time import utcoffset
 
 from batching_site.celery import REQUEST_TASK
 
+from . import wire
 from .outcomes import Outcome
 
 log = logging.getLogger(__name__)
 
-_local = threading.local()
+EXCHANGE = "celeryev"
+ROUTING_KEY = "task.multi"
+
+_topics: list[str] | None = None
+_topics_lock = threading.Lock()
 
 
-def _dispatcher(app: Celery, hostname: str) -> EventDispatcher:
-    d = getattr(_local, "dispatcher", None)
-    if d is None or d.hostname != hostname:
-        # Buffer every task event until flush(), which sends them as one list.
-        d = EventDispatcher(
-            app.connection_for_write(),
-            hostname=hostname,
-            app=app,
-            buffer_group=["task"],
-            buffer_limit=1 << 30,
-            buffer_while_offline=False,
+def topics(app: Celery) -> list[str]:
+    """The PUB/SUB channels kombu's Redis transport publishes `celeryev` / `task.multi`
+    to (a prefix with the database number), asked of kombu itself once per process."""
+    global _topics
+    with _topics_lock:
+        if _topics is None:
+            with app.connection_for_write() as conn:
+                _topics = list(conn.default_channel._get_publish_topics(EXCHANGE, ROUTING_KEY))
+        return _topics
+
+
+class Events:
+    """Task events from one sender, built into one `task.multi` message."""
+
+    def __init__(self, app: Celery, hostname: str | None = None) -> None:
+        self.app = app
+        self.hostname = hostname or anon_nodename()
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, type: str, **fields: Any) -> None:
+        self.events.append(
+            Event(
+                type,
+                hostname=self.hostname,
+                utcoffset=utcoffset(),
+                pid=os.getpid(),
+                clock=self.app.clock.forward(),
+                **fields,
+            )
         )
-        _local.dispatcher = d
-    return d
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def message(self) -> str:
+        return wire.envelope(self.events, EXCHANGE, ROUTING_KEY, headers={"hostname": self.hostname})
+
+    def publish_on(self, pipe: Any) -> None:
+        """Add the PUBLISH of these events to a pipeline the caller executes anyway."""
+        if self.events:
+            message = self.message()
+            for topic in topics(self.app):
+                pipe.publish(topic, message)
 
 
-def _forget() -> None:
-    d = getattr(_local, "dispatcher", None)
-    _local.dispatcher = None
-    if d is not None:
-        try:
-            d.close()
-            d.connection.release()
-        except Exception:  # noqa: BLE001 - it is already broken
-            pass
+def sent(app: Celery, name: str, entries: Sequence[tuple[str, str]], queue: str) -> Events:
+    """task-sent for each (task id, argsrepr) queued on `queue` without `send_task`."""
+    events = Events(app)
+    now = time.time()
+    for task_id, argsrepr in entries:
+        events.add(
+            "task-sent",
+            uuid=task_id,
+            root_id=task_id,
+            parent_id=None,
+            name=name,
+            args=argsrepr,
+            kwargs="{}",
+            retries=0,
+            eta=None,
+            expires=None,
+            queue=queue,
+            exchange=queue,
+            routing_key=queue,
+            timestamp=now,
+        )
+    return events
 
 
 def _summary(result: Any) -> str:
@@ -68,62 +122,36 @@ def _summary(result: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def emit(
+def ran(
     app: Celery,
     batch: Mapping[str, Any],
     outcomes: Sequence[Outcome],
     *,
     started_at: float,
     run_s: float,
-    hostname: str | None = None,
-) -> None:
-    """Send received/started/succeeded-or-failed for each outcome, in one message.
-    Never raises: Flower's view is not worth failing a batch for."""
-    if not outcomes:
-        return
-    if hostname is None:
-        request = getattr(current_task, "request", None)
-        hostname = getattr(request, "hostname", None) or "device-worker"
+    hostname: str,
+) -> Events:
+    """received / started / succeeded-or-failed for each request a batch answered."""
+    events = Events(app, hostname)
     dispatched_at = float(batch.get("dispatched_at") or started_at)
     now = time.time()
-    try:
-        d = _dispatcher(app, hostname)
-        for o in outcomes:
-            d.send(
-                "task-received",
-                uuid=o.task_id,
-                name=REQUEST_TASK,
-                args="(…)",
-                kwargs="{}",
-                retries=0,
-                eta=None,
-                expires=None,
-                root_id=o.task_id,
-                parent_id=batch.get("batch_id"),
-                timestamp=dispatched_at,
-            )
-            d.send("task-started", uuid=o.task_id, timestamp=started_at)
-            if o.error is None:
-                d.send("task-succeeded", uuid=o.task_id, result=_summary(o.result), runtime=run_s, timestamp=now)
-            else:
-                d.send("task-failed", uuid=o.task_id, exception=repr(o.error), traceback="", timestamp=now)
-        d.flush(errors=False)
-    except Exception:  # noqa: BLE001 - see the docstring
-        log.warning("could not send request task events for Flower", exc_info=True)
-        _forget()
-
-
-def sent(app: Celery, events: Sequence[Mapping[str, Any]]) -> None:
-    """The task-sent events of messages queued without `send_task` (tasks/wire.py), in
-    one message. Never raises: a request is queued whether or not Flower hears of it."""
-    if not events:
-        return
-    try:
-        d = _dispatcher(app, anon_nodename())
-        now = time.time()
-        for fields in events:
-            d.send("task-sent", timestamp=now, **fields)
-        d.flush(errors=False)
-    except Exception:  # noqa: BLE001 - see the docstring
-        log.warning("could not send task-sent events", exc_info=True)
-        _forget()
+    for o in outcomes:
+        events.add(
+            "task-received",
+            uuid=o.task_id,
+            name=REQUEST_TASK,
+            args="(…)",
+            kwargs="{}",
+            retries=0,
+            eta=None,
+            expires=None,
+            root_id=o.task_id,
+            parent_id=batch.get("batch_id"),
+            timestamp=dispatched_at,
+        )
+        events.add("task-started", uuid=o.task_id, timestamp=started_at)
+        if o.error is None:
+            events.add("task-succeeded", uuid=o.task_id, result=_summary(o.result), runtime=run_s, timestamp=now)
+        else:
+            events.add("task-failed", uuid=o.task_id, exception=repr(o.error), traceback="", timestamp=now)
+    return events

@@ -13,7 +13,7 @@ that already have one.
 from __future__ import annotations
 
 import traceback as tb
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +70,10 @@ class OutcomeWriter:
         values = backend.client.mget([backend.get_key_for_task(t) for t in task_ids])
         return {t for t, v in zip(task_ids, values, strict=True) if v is None}
 
-    def write(self, outcomes: Sequence[Outcome]) -> int:
-        """Store every outcome in one round trip. Returns how many were new."""
-        if not outcomes:
+    def write(self, outcomes: Sequence[Outcome], *, also: Callable[[Any], None] | None = None) -> int:
+        """Store every outcome in one round trip. Returns how many were new.
+        `also(pipeline)` adds the caller's own commands to the same round trip."""
+        if not outcomes and also is None:
             return 0
         backend = self._backend
         pipe = backend.client.pipeline(transaction=False)
@@ -100,4 +101,7 @@ class OutcomeWriter:
                 args=[backend.encode(meta), int(expires or 86400), o.task_id],
                 client=pipe,
             )
-        return sum(int(x) for x in pipe.execute())
+        if also is not None:
+            also(pipe)
+        results = pipe.execute()
+        return sum(int(x) for x in results[: len(outcomes)])

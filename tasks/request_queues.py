@@ -9,8 +9,8 @@ Every step is one Lua script, so each is atomic and costs one round trip however
 requests it moves:
 
 - `admit` (the edge): check the tier's depth against its cap, record the requests in
-  the ledger (tasks/ledger.py), push their messages and the wake token. All of a
-  `submit_many` is accepted, or none of it.
+  the ledger (tasks/ledger.py), push their messages and the wake token, and publish
+  their task-sent events. All of a `submit_many` is accepted, or none of it.
 - `take` (the collector): move up to its window of messages per tier from the queue
   into the held hash, and drain the devices' done events, in one call.
 - `dispatch` (the collector): push a batch task for the devices and strike its requests
@@ -34,7 +34,8 @@ from redis.commands.core import Script
 
 from batching_site.celery import EVENTS_QUEUE, PRIORITIES, request_queue_name
 
-from . import ledger, wire
+from . import flower_events, ledger, wire
+from .flower_events import Events
 
 WAKE_KEY = "batching:wake"
 
@@ -43,19 +44,28 @@ def held_key(priority: str) -> str:
     return f"batching:held:{priority}"
 
 
+# ARGV: cap, now, an events message ('' for none), how many topics, the topics, then
+# (id, message) pairs.
 _ADMIT = """
 local depth = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[2])
-local n = (#ARGV - 2) / 2
+local ntopics = tonumber(ARGV[4])
+local first = 5 + ntopics
+local n = (#ARGV - first + 1) / 2
 if depth + n > tonumber(ARGV[1]) then
     return {0, depth}
 end
-for i = 3, #ARGV, 2 do
+for i = first, #ARGV, 2 do
     redis.call('ZADD', KEYS[3], ARGV[2], ARGV[i])
     redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
     redis.call('LPUSH', KEYS[1], ARGV[i + 1])
 end
 redis.call('LPUSH', KEYS[5], 1)
 redis.call('LTRIM', KEYS[5], 0, 0)
+if ARGV[3] ~= '' then
+    for t = 5, 4 + ntopics do
+        redis.call('PUBLISH', ARGV[t], ARGV[3])
+    end
+end
 return {1, depth}
 """
 
@@ -94,10 +104,21 @@ _ADMIT_SCRIPT = Script(None, _ADMIT.encode())
 _TAKE_SCRIPT = Script(None, _TAKE.encode())
 
 
-def admit(r: redis.Redis, priority: str, cap: int, entries: Sequence[tuple[str, str]]) -> tuple[bool, int]:
-    """Enqueue `entries` (id, message) unless the tier would pass its cap.
-    Returns (accepted, depth before)."""
+def admit(
+    r: redis.Redis,
+    priority: str,
+    cap: int,
+    entries: Sequence[tuple[str, str]],
+    events: Events | None = None,
+) -> tuple[bool, int]:
+    """Enqueue `entries` (id, message) unless the tier would pass its cap, and then
+    publish their task-sent `events`. Returns (accepted, depth before)."""
     args: list[Any] = [cap, time.time()]
+    if events:
+        channels = flower_events.topics(events.app)
+        args += [events.message(), len(channels), *channels]
+    else:
+        args += ["", 0]
     for task_id, raw in entries:
         args += [task_id, raw]
     keys = [request_queue_name(priority), held_key(priority), ledger.LEDGER_KEY, ledger.PAYLOADS_KEY, WAKE_KEY]
@@ -151,11 +172,16 @@ def ack(r: redis.Redis, items: Iterable[tuple[str, str]]) -> None:
     pipe.execute()
 
 
-def dispatch(r: redis.Redis, queue: str, message: str, items: Iterable[tuple[str, str]]) -> None:
-    """Push one batch task message and strike its requests off, atomically."""
+def dispatch(
+    r: redis.Redis, queue: str, message: str, items: Iterable[tuple[str, str]], events: Events | None = None
+) -> None:
+    """Push one batch task message and strike its requests off, atomically (and
+    publish its task-sent event)."""
     pipe = r.pipeline(transaction=True)
     pipe.lpush(queue, message)
     _strike(pipe, items)
+    if events:
+        events.publish_on(pipe)
     pipe.execute()
 
 

@@ -43,8 +43,7 @@ def task_message(
     queue: str,
     *,
     argsrepr: str | None = None,
-    parent_id: str | None = None,
-    root_id: str | None = None,
+    ignore_result: bool = False,
 ) -> str:
     """One task message for `queue`, serialized as the transport keeps it."""
     m = app.amqp.as_task_v2(
@@ -53,43 +52,41 @@ def task_message(
         args=args,
         argsrepr=argsrepr if argsrepr is not None else f"<{len(args)} args>",
         kwargsrepr="{}",
-        parent_id=parent_id,
-        root_id=root_id,
+        ignore_result=ignore_result,
     )
-    body = json.dumps(m.body).encode()
-    envelope = {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "utf-8",
-        "content-type": CONTENT_TYPE,
-        "headers": m.headers,
-        "properties": {
-            **m.properties,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": queue, "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
-    return json.dumps(envelope)
+    return envelope(m.body, queue, queue, headers=m.headers, properties=m.properties)
 
 
-def sent_event(name: str, task_id: str, argsrepr: str, queue: str) -> dict[str, Any]:
-    """The fields of the task-sent event `send_task` would have sent for this message."""
-    return {
-        "uuid": task_id,
-        "root_id": task_id,
-        "parent_id": None,
-        "name": name,
-        "args": argsrepr,
-        "kwargs": "{}",
-        "retries": 0,
-        "eta": None,
-        "expires": None,
-        "queue": queue,
-        "exchange": queue,
-        "routing_key": queue,
-    }
+def event_message(body: dict[str, Any], queue: str) -> str:
+    """A plain JSON message (not a task), as `Producer.publish(body)` would store it."""
+    return envelope(body, queue, queue)
+
+
+def envelope(
+    body: Any,
+    exchange: str,
+    routing_key: str,
+    *,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+) -> str:
+    """`body` as JSON in kombu's message envelope, as its Redis transport stores it."""
+    return json.dumps(
+        {
+            "body": base64.b64encode(json.dumps(body).encode()).decode(),
+            "content-encoding": "utf-8",
+            "content-type": CONTENT_TYPE,
+            "headers": headers or {},
+            "properties": {
+                **(properties or {}),
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": exchange, "routing_key": routing_key},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
 
 
 def body(raw: bytes | str) -> Any:

@@ -77,9 +77,12 @@ def test_request_and_batch_tasks_reach_their_final_state_in_the_event_stream(eve
     assert _state_of(events, bad.id, timeout=10, want="FAILURE") == "FAILURE"
     task = events.tasks[ok.id]
     assert task.name == REQUEST_TASK and task.received and task.started and task.runtime is not None
+    # task-sent came from the edge's queuing script, with the queue it went to.
+    assert task.sent is not None and task.routing_key == "requests.normal"
     assert task.worker is not None and task.worker.hostname.startswith("gpu-")
     assert "PoisonInput" in events.tasks[bad.id].exception
 
     batch = events.tasks.get(details(ok)["batch_id"])
     assert batch is not None and batch.name == BATCH_TASK
     assert _state_of(events, batch.uuid, timeout=10, want="SUCCESS") == "SUCCESS"
+    assert batch.sent is not None, "the collector's dispatch transaction publishes the batch's task-sent"
