@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import random
 import threading
+import uuid
 
 import numpy as np
 import pytest
+from celery.result import AsyncResult
 
-from batching_site.celery import PRIORITIES, request_queue_name
+from batching_site.celery import PRIORITIES, REQUEST_TASK, app, request_queue_name
 from gpu_workers.models import synthetic
+from tasks import request_queues, wire
 from tasks.client import details, submit, submit_many
 from tasks.errors import InferenceError
 
@@ -112,3 +115,28 @@ def test_every_priority_is_served(live_system) -> None:  # type: ignore[no-untyp
         r = submit(f"a {p} request", priority=p, model="synthetic")
         assert r.get(timeout=60) == synthetic.embed(f"a {p} request")
         assert details(r)["priority"] == p
+
+
+def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(live_system, redis_client) -> None:  # type: ignore[no-untyped-def]
+    # What a buggy or foreign producer might put on a request queue: a body that is not
+    # a request, a message for another task, and bytes that are not a message at all.
+    queue = request_queue_name("normal")
+    bad_body = str(uuid.uuid4())
+    wrong_task = str(uuid.uuid4())
+    raws = [
+        wire.task_message(app, REQUEST_TASK, bad_body, [{"text": "no tokens field"}], queue),
+        wire.task_message(app, "some.other.task", wrong_task, [{}], queue),
+        "not a message at all",
+    ]
+    redis_client.lpush(queue, *raws)
+    redis_client.lpush(request_queues.WAKE_KEY, 1)
+
+    with pytest.raises(ValueError, match="malformed request message"):
+        AsyncResult(bad_body, app=app).get(timeout=30)
+    with pytest.raises(ValueError, match="not a request message"):
+        AsyncResult(wrong_task, app=app).get(timeout=30)
+    # Nothing of them is left held, and the collector goes on serving.
+    assert request_queues.held(redis_client)["normal"] == []
+    assert submit("after the bad messages", model="synthetic").get(timeout=30) == synthetic.embed(
+        "after the bad messages"
+    )
