@@ -146,13 +146,13 @@ class Collector:
             # reporting done (or a timer) ends the wait, and then everything is taken.
             event = request_queues.wait(self.redis, timeout, requests=self._free_slots() > 0)
             if event is not None:
-                self._on_event(wire.body(event))
+                self._on_event(event)
         self._take()
 
     def _take(self) -> None:
         tiers, events = request_queues.take(self.redis, self.window)
         for raw in events:
-            self._on_event(wire.body(raw))
+            self._on_event(raw)
         for priority, raws in tiers.items():
             for raw in raws:
                 self._on_request(raw, priority)
@@ -216,7 +216,12 @@ class Collector:
         sched.add(item)
         self.held[task_id] = item
 
-    def _on_event(self, body: Any) -> None:
+    def _on_event(self, raw: bytes) -> None:
+        try:
+            body = wire.body(raw)
+        except (KeyError, TypeError, ValueError):
+            log.error("ignoring a malformed message on %s: %r", EVENTS_QUEUE, raw[:200])
+            return
         kind = body.get("kind") if isinstance(body, dict) else None
         if kind == "done":
             if self.outstanding.pop(body.get("batch_id"), None) is not None:

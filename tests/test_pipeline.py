@@ -3,6 +3,7 @@ answer, in order, and bad input fails at the edge with nothing enqueued."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import uuid
@@ -129,6 +130,7 @@ def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(li
         "not a message at all",
     ]
     redis_client.lpush(queue, *raws)
+    redis_client.lpush("collector.events", "not an event either", json.dumps({"body": "bm90IGpzb24="}))
     redis_client.lpush(request_queues.WAKE_KEY, 1)
 
     with pytest.raises(ValueError, match="malformed request message"):
