@@ -284,6 +284,7 @@ class DeviceRunner:
             mid = len(reqs) // 2
             return self._run_guarded(model, runner, reqs[:mid]) + self._run_guarded(model, runner, reqs[mid:])
         except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
+            runner.after_failure(exc)
             if len(reqs) == 1:
                 return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
             mid = len(reqs) // 2

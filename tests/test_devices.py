@@ -62,12 +62,17 @@ class OutOfMemoryAbove(BatchRunner):
         self.device = "cuda:0"
         self.fits = fits
         self.calls: list[int] = []
+        self.cleanups = 0
 
     def run_batch(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls.append(len(texts))
         if len(texts) > self.fits or any("huge" in t for t in texts):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return [synthetic.embed(t) for t in texts]
+
+    def after_failure(self, exc: BaseException) -> None:
+        assert isinstance(exc, torch.cuda.OutOfMemoryError)
+        self.cleanups += 1
 
     def close(self) -> None:
         pass
@@ -128,6 +133,8 @@ def test_oom_on_a_big_batch_is_bisected_until_it_fits(bare_runner: DeviceRunner)
     batch = batch_of(texts)
     bare_runner.execute(batch)
     assert model.calls == [16, 8, 4, 4, 8, 4, 4]
+    # Cached memory is released after each failed attempt, before its halves run.
+    assert model.cleanups == 3
     for req, text in zip(batch["requests"], texts, strict=True):  # type: ignore[call-overload]
         assert outcome(req).get(timeout=5) == synthetic.embed(text)
 

@@ -72,6 +72,10 @@ class BatchRunner(abc.ABC):
     def close(self) -> None:
         """Release the model and its device memory. Idempotent."""
 
+    def after_failure(self, exc: BaseException) -> None:  # noqa: B027 - optional hook
+        """A batch just raised `exc`; free what it left behind (cached device memory
+        after an out-of-memory error) before the halves are retried."""
+
     def __enter__(self) -> Self:
         return self
 

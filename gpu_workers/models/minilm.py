@@ -164,6 +164,12 @@ class MiniLMRunner(BatchRunner):
                 )
         return out.tolist()
 
+    def after_failure(self, exc: BaseException) -> None:
+        # The allocator keeps the failed batch's blocks cached; give them back so the
+        # smaller retries see the memory the big batch could not get.
+        if self._torch_device.startswith("cuda") and isinstance(exc, self._torch.cuda.OutOfMemoryError):
+            self._torch.cuda.empty_cache()
+
     def close(self) -> None:
         with self._lock:
             if self._model is None:
