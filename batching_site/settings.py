@@ -104,9 +104,9 @@ CELERY_RESULT_EXPIRES = env.int("RESULT_EXPIRES_S", default=86400)
 #: idle device could run.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-#: An unacked message (a request the collector holds, a batch a device runs) goes back
-#: to its queue this long after its holder vanished. Nothing is held nearly this long:
-#: the collector holds a bounded window and a batch takes seconds.
+#: An unacked batch message (a batch a device runs) goes back to its queue this long
+#: after its device vanished. No batch runs nearly this long. (Requests the collector
+#: holds are in Redis hashes that the next collector adopts at once: tasks/request_queues.py.)
 VISIBILITY_TIMEOUT_S = env.int("VISIBILITY_TIMEOUT_S", default=30)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": VISIBILITY_TIMEOUT_S,
@@ -123,7 +123,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 #: nowhere, was lost between Redis and a killed consumer: the collector publishes it
 #: again (tasks/ledger.py). Longer than any redelivery by the broker takes.
 LEDGER_GRACE_S = env.float("LEDGER_GRACE_S", default=2 * VISIBILITY_TIMEOUT_S + 10)
-#: Flower shows a request as "sent" the moment it is queued; costs one publish per message.
+#: Flower shows a request as "sent" the moment it is queued. The events are published
+#: by the script that queues the requests, so they cost no round trip of their own.
 CELERY_TASK_SEND_SENT_EVENT = env.bool("TASK_SENT_EVENTS", default=True)
 CELERY_WORKER_SEND_TASK_EVENTS = True
 
@@ -134,9 +135,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 DEVICES = env.list("DEVICES", default=[])
 #: The model a request gets when it names none.
 DEFAULT_MODEL = env("DEFAULT_MODEL", default="minilm")
-#: Requests the collector holds per tier before it stops reading that queue. Bigger
-#: windows pack better; every held request must be dispatched well within
-#: VISIBILITY_TIMEOUT_S.
+#: Requests the collector holds per tier before it stops taking from that queue.
+#: Bigger windows give the scheduler a fuller view to pack from.
 COLLECTOR_WINDOW = env.int("COLLECTOR_WINDOW", default=256)
 #: Batches queued per device beyond the one it runs. 0 forms each batch only when a
 #: device is free (fullest batches); 1 hides the hand-off latency on fast GPUs.
