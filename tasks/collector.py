@@ -180,15 +180,18 @@ class Collector:
     # --- messages in ----------------------------------------------------------------
 
     def _on_request(self, raw: bytes, priority: str) -> None:
-        task_id = wire.task_id_of(raw)
         try:
             message = wire.decode(raw)
+            task_id = message.task_id
+            if not isinstance(task_id, str) or not task_id:
+                raise ValueError("the message has no task id")
             if message.task != REQUEST_TASK:
                 raise ValueError(f"not a request message: task {message.task!r}")
             request = Request.from_message(message.args[0])
             if request.priority != priority:
                 raise ValueError(f"priority {request.priority!r} queued on the {priority!r} queue")
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
+            task_id = wire.task_id_of(raw)
             log.error("rejecting malformed request message %s: %s", task_id, exc)
             if task_id:
                 self.outcomes.write([Outcome(task_id, error=ValueError(f"malformed request message: {exc}"))])
@@ -219,7 +222,7 @@ class Collector:
     def _on_event(self, raw: bytes) -> None:
         try:
             body = wire.body(raw)
-        except (KeyError, TypeError, ValueError):
+        except ValueError:
             log.error("ignoring a malformed message on %s: %r", EVENTS_QUEUE, raw[:200])
             return
         kind = body.get("kind") if isinstance(body, dict) else None

@@ -91,12 +91,8 @@ def envelope(
 
 def body(raw: bytes | str) -> Any:
     """The decoded body of a stored message (a task's [args, kwargs, embed], or an
-    event's dict)."""
-    envelope = json.loads(raw)
-    data = envelope["body"]
-    if envelope.get("properties", {}).get("body_encoding") == "base64":
-        data = base64.b64decode(data)
-    return json.loads(data)
+    event's dict). Raises ValueError for anything that is not a message."""
+    return _body_of(json.loads(raw))
 
 
 def decode(raw: bytes | str) -> Decoded:
@@ -105,13 +101,20 @@ def decode(raw: bytes | str) -> Decoded:
     try:
         envelope = json.loads(raw)
         headers = envelope.get("headers") or {}
+        args, kwargs, _embed = _body_of(envelope)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a task message: {exc}") from exc
+    return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
+
+
+def _body_of(envelope: dict[str, Any]) -> Any:
+    try:
         data = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             data = base64.b64decode(data)
-        args, kwargs, _embed = json.loads(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a task message: {exc}") from exc
-    return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"no message body: {exc!r}") from exc
+    return json.loads(data)
 
 
 def task_id_of(raw: bytes | str) -> str | None:
