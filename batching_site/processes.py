@@ -26,14 +26,22 @@ def _celery(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "batching_site", *args]
 
 
-def collector_command(*, loglevel: str = "INFO") -> list[str]:
+def _loglevel(given: str | None) -> str:
+    # The same LOG_LEVEL that Django's logging uses (settings.py), so one variable
+    # quiets every process: the benchmark runs all systems at WARNING.
+    return given or os.environ.get("LOG_LEVEL", "INFO")
+
+
+def collector_command(*, loglevel: str | None = None) -> list[str]:
+    loglevel = _loglevel(loglevel)
     return _celery(
         "worker", "--collector", "-n", "collector@%h", "-Q", CONTROL_QUEUE,
         "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle", "-l", loglevel,
     )  # fmt: skip
 
 
-def device_command(device: str, *, preload: str | None = None, loglevel: str = "INFO") -> list[str]:
+def device_command(device: str, *, preload: str | None = None, loglevel: str | None = None) -> list[str]:
+    loglevel = _loglevel(loglevel)
     # Solo pool, one process, prefetch 1: the worker takes the next batch only when it
     # has finished the last, which is what makes dispatch worker-pull.
     queues = f"batches,{device_queue_name(device)}"
