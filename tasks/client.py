@@ -68,17 +68,14 @@ def submit_many(
     if not requests:
         return []
     queue = request_queue_name(priority)
-    entries = []
+    entries, shown = [], []
     for req in requests:
-        task_id = str(uuid.uuid4())
+        task_id, argsrepr = str(uuid.uuid4()), _argsrepr(req)
         entries.append(
-            (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=_argsrepr(req)))
+            (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=argsrepr))
         )
-    events = None
-    if settings.CELERY_TASK_SEND_SENT_EVENT:
-        events = flower_events.sent(
-            app, REQUEST_TASK, [(t, _argsrepr(r)) for (t, _), r in zip(entries, requests, strict=True)], queue
-        )
+        shown.append((task_id, argsrepr))
+    events = flower_events.sent(app, REQUEST_TASK, shown, queue) if settings.CELERY_TASK_SEND_SENT_EVENT else None
     # The cap check, the ledger record, the push of every message and their task-sent
     # events: one round trip.
     accepted, depth = request_queues.admit(

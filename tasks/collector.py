@@ -153,20 +153,19 @@ class Collector:
         tiers, events = request_queues.take(self.redis, self.window)
         for raw in events:
             self._on_event(raw)
-        for priority, raws in tiers.items():
-            for raw in raws:
-                self._on_request(raw, priority)
+        self._add(tiers)
 
     def _adopt(self) -> None:
         """Requests a previous collector took and never sent are ours now."""
-        held = request_queues.held(self.redis)
-        count = 0
-        for priority, raws in held.items():
-            for raw in raws:
-                self._on_request(raw, priority)
-                count += 1
+        count = self._add(request_queues.held(self.redis))
         if count:
             log.warning("adopted %d request(s) held by a previous collector", count)
+
+    def _add(self, tiers: dict[str, list[bytes]]) -> int:
+        for priority, raws in tiers.items():
+            for raw in raws:
+                self._on_request(raw, priority)
+        return sum(len(raws) for raws in tiers.values())
 
     def _idle_timeout(self) -> float:
         now = self.clock.now()
@@ -302,6 +301,7 @@ class Collector:
             # The batch task is pushed and its requests struck off in one transaction.
             body = bodies[0]
             queue = self._queue()
+            argsrepr = f"<batch of {len(body['requests'])}>"
             # No caller waits on a lone batch's own result (each request has its own), so
             # the device does not store one; a round's batches keep theirs for the chord.
             raw = wire.task_message(
@@ -310,12 +310,11 @@ class Collector:
                 body["batch_id"],
                 [body],
                 queue,
-                argsrepr=f"<batch of {len(body['requests'])}>",
+                argsrepr=argsrepr,
                 ignore_result=True,
             )
             events = None
             if settings.CELERY_TASK_SEND_SENT_EVENT:
-                argsrepr = f"<batch of {len(body['requests'])}>"
                 events = flower_events.sent(self.app, BATCH_TASK, [(body["batch_id"], argsrepr)], queue)
             request_queues.dispatch(self.redis, queue, raw, items, events)
         else:
@@ -437,13 +436,5 @@ class Collector:
             self._dispatch(force=True)
         rest = sorted(self.held.values(), key=lambda i: i.enqueued_at)
         if rest:
-            raws = self._raws({(i.priority, i.id) for i in rest})
-            request_queues.release(self.redis, [(i.priority, i.id, raws[i.id]) for i in rest if i.id in raws])
+            request_queues.release(self.redis, [(i.priority, i.id) for i in rest])
             log.info("collector shutting down: %d held request(s) back in their queues", len(rest))
-
-    def _raws(self, items: set[tuple[str, str]]) -> dict[str, bytes]:
-        pipe = self.redis.pipeline(transaction=False)
-        ordered = sorted(items)
-        for priority, task_id in ordered:
-            pipe.hget(request_queues.held_key(priority), task_id)
-        return {t: raw for (_, t), raw in zip(ordered, pipe.execute(), strict=True) if raw is not None}

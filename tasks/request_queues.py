@@ -185,13 +185,18 @@ def dispatch(
     pipe.execute()
 
 
-def release(r: redis.Redis, items: Sequence[tuple[str, str, bytes]]) -> None:
-    """Put held (priority, id, message) requests back at the head of their queues,
-    oldest last so it is taken first, for the next collector."""
+def release(r: redis.Redis, items: Sequence[tuple[str, str]]) -> None:
+    """Put held (priority, id) requests back at the head of their queues, the first of
+    `items` last so it is taken first, for the next collector."""
+    pipe = r.pipeline(transaction=False)
+    for priority, task_id in items:
+        pipe.hget(held_key(priority), task_id)
+    raws = pipe.execute()
     pipe = r.pipeline(transaction=True)
-    for priority, task_id, raw in reversed(items):
-        pipe.rpush(request_queue_name(priority), raw)
-        pipe.hdel(held_key(priority), task_id)
+    for (priority, task_id), raw in reversed(list(zip(items, raws, strict=True))):
+        if raw is not None:
+            pipe.rpush(request_queue_name(priority), raw)
+            pipe.hdel(held_key(priority), task_id)
     pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
     pipe.execute()
 
