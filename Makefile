@@ -29,7 +29,7 @@ browser:
 
 # pytest exits 5 when it collects no test: that is a broken suite, not a pass.
 test: venv browser
-	@# tests/test_deploy.py validates docker-compose.yml with Debian's docker-compose (no engine needed).
+	@# tests/unit/site/test_deploy.py validates docker-compose.yml with Debian's docker-compose (no engine needed).
 	@command -v docker-compose >/dev/null || (apt-get install -y docker-compose >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y docker-compose >/dev/null)) || true
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
@@ -49,4 +49,4 @@ clean:
 
 # The crash tests, five times in a row (issue: "run each of them 5 times with no failure").
 chaos: venv
-	for i in 1 2 3 4 5; do HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/test_chaos.py -q -p no:randomly || exit 1; done
+	for i in 1 2 3 4 5; do HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/live/test_chaos.py -q -p no:randomly || exit 1; done

@@ -21,14 +21,17 @@ import os
 import sys
 from collections.abc import Sequence
 
+from django.conf import settings
+
 from . import processes
 
-#: Gunicorn worker processes of the web role. Each is a thin client: it validates,
-#: publishes and reads results, and never runs the model.
-WEB_WORKERS = int(os.environ.get("WEB_WORKERS", "2"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 
 
-def gunicorn_command(*, bind: str = "0.0.0.0:8000", workers: int = WEB_WORKERS) -> list[str]:
+def gunicorn_command(*, bind: str = "0.0.0.0:8000", workers: int | None = None) -> list[str]:
+    """The web role. Each gunicorn worker (WEB_WORKERS of them) is a thin client: it
+    validates, publishes and reads results, and never runs the model."""
+    workers = workers or settings.WEB_WORKERS
     return [
         sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
         "--bind", bind, "--workers", str(workers),

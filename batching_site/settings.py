@@ -8,11 +8,20 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+
+
+def _check(ok: bool, variable: str, value: object, rule: str) -> None:
+    """Refuse to start with a knob out of range, naming the variable and its value."""
+    if not ok:
+        raise ImproperlyConfigured(f"{variable} must be {rule}, got {value!r}")
+
+
 #: DJANGO_READ_DOT_ENV=0 ignores .env: a process configured wholly by its environment
 #: (a container, a settings test) must not pick up a developer's local secrets.
 if env.bool("DJANGO_READ_DOT_ENV", default=True) and (BASE_DIR / ".env").exists():
@@ -100,6 +109,7 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 #: Results live a day; a caller that has not fetched its answer by then has gone.
 CELERY_RESULT_EXPIRES = env.int("RESULT_EXPIRES_S", default=86400)
+_check(CELERY_RESULT_EXPIRES > 0, "RESULT_EXPIRES_S", CELERY_RESULT_EXPIRES, "a positive number of seconds")
 #: Workers pull one message at a time: a device worker never hoards batches that an
 #: idle device could run.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -108,6 +118,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 #: after its device vanished. No batch runs nearly this long. (Requests the collector
 #: holds are in Redis hashes that the next collector adopts at once: tasks/request_queues.py.)
 VISIBILITY_TIMEOUT_S = env.int("VISIBILITY_TIMEOUT_S", default=30)
+_check(VISIBILITY_TIMEOUT_S > 0, "VISIBILITY_TIMEOUT_S", VISIBILITY_TIMEOUT_S, "a positive number of seconds")
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": VISIBILITY_TIMEOUT_S,
     # Sweep for abandoned messages every 5 s, all of them, so a killed holder's
@@ -130,6 +141,10 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 
 # --- Batching -----------------------------------------------------------------------
 
+#: The Celery app the batching package sends and reads through, by dotted path (the
+#: package never imports the project's modules; another project names its own app).
+BATCHING_CELERY_APP = env("BATCHING_CELERY_APP", default="batching_site.celery.app")
+
 #: Devices that `make run` starts one worker for: "cuda:0,cuda:1", or "cpu:0,cpu:1".
 #: Empty means every CUDA device, or two CPU devices when there is no CUDA.
 DEVICES = env.list("DEVICES", default=[])
@@ -145,6 +160,44 @@ COLLECTOR_BATCHES_AHEAD = env.int("COLLECTOR_BATCHES_AHEAD", default=0)
 #: free takes the next one. "push" exists only as the baseline for bench/devices_bench.py:
 #: the collector deals batches round-robin onto each device's own queue.
 COLLECTOR_DISPATCH = env.str("COLLECTOR_DISPATCH", default="pull")
+_check(COLLECTOR_WINDOW >= 1, "COLLECTOR_WINDOW", COLLECTOR_WINDOW, "at least 1")
+_check(COLLECTOR_BATCHES_AHEAD >= 0, "COLLECTOR_BATCHES_AHEAD", COLLECTOR_BATCHES_AHEAD, "0 or more")
+_check(COLLECTOR_DISPATCH in ("pull", "push"), "COLLECTOR_DISPATCH", COLLECTOR_DISPATCH, '"pull" or "push"')
+
+# --- Device workers -----------------------------------------------------------------
+
+#: Device failures in a row that open a device's circuit (it stops pulling work), and
+#: how long it stays open before it tries one batch.
+CIRCUIT_THRESHOLD = env.int("CIRCUIT_THRESHOLD", default=3)
+CIRCUIT_COOLDOWN_S = env.float("CIRCUIT_COOLDOWN_S", default=30.0)
+#: A batch handed back this many times runs anyway, so that with every device broken
+#: its callers still get errors instead of waiting forever.
+MAX_BOUNCES = env.int("MAX_BOUNCES", default=8)
+#: 0 turns slow-request isolation off (no learned time limit, no slow lane): a
+#: benchmark baseline.
+SLOW_ISOLATION = env.bool("SLOW_ISOLATION", default=True)
+#: A batch is cut off after SLOW_FACTOR times its expected time, never before
+#: SLOW_FLOOR_S. Tighter catches slow inputs sooner but cuts more batches on a noisy host.
+SLOW_FACTOR = env.float("SLOW_FACTOR", default=4.0)
+SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.05)
+#: No single model call runs longer than this, learned limit or not. By default 20 s,
+#: or two thirds of a shorter visibility timeout.
+BATCH_HARD_LIMIT_S = env.float("BATCH_HARD_LIMIT_S", default=min(20.0, VISIBILITY_TIMEOUT_S * 2 / 3))
+_check(CIRCUIT_THRESHOLD >= 1, "CIRCUIT_THRESHOLD", CIRCUIT_THRESHOLD, "at least 1")
+_check(CIRCUIT_COOLDOWN_S > 0, "CIRCUIT_COOLDOWN_S", CIRCUIT_COOLDOWN_S, "a positive number of seconds")
+_check(MAX_BOUNCES >= 0, "MAX_BOUNCES", MAX_BOUNCES, "0 or more")
+_check(SLOW_FACTOR > 1, "SLOW_FACTOR", SLOW_FACTOR, "over 1")
+_check(SLOW_FLOOR_S > 0, "SLOW_FLOOR_S", SLOW_FLOOR_S, "a positive number of seconds")
+# A call still running when the broker hands its batch to another device would run twice.
+_check(
+    0 < BATCH_HARD_LIMIT_S < VISIBILITY_TIMEOUT_S,
+    "BATCH_HARD_LIMIT_S",
+    BATCH_HARD_LIMIT_S,
+    f"positive and under VISIBILITY_TIMEOUT_S ({VISIBILITY_TIMEOUT_S})",
+)
+#: Gunicorn worker processes of the web role (python -m batching_site.serve web).
+WEB_WORKERS = env.int("WEB_WORKERS", default=2)
+_check(WEB_WORKERS >= 1, "WEB_WORKERS", WEB_WORKERS, "at least 1")
 
 # --- Web: HTTPS, request limits, dashboard ---------------------------------------------
 # Production: DJANGO_DEBUG unset, DJANGO_SECRET_KEY set (the same in every web process),

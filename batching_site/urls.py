@@ -3,8 +3,8 @@
 from django.contrib import admin
 from django.urls import path
 
-from . import dashboard, views
-from .api import api
+from .web import dashboard, views
+from .web.api import api
 
 urlpatterns = [
     path("", views.index, name="index"),

@@ -45,10 +45,11 @@ django.setup()
 from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
-from batching_site.processes import LocalSystem, connect  # noqa: E402
-from tasks import shared_state  # noqa: E402
-from tasks.client import details, submit_many  # noqa: E402
+from batching_site.harness import LocalSystem  # noqa: E402
 from tasks.core.policy import BatchPolicy  # noqa: E402
+from tasks.edge.client import details, submit_many  # noqa: E402
+from tasks.store import shared_state  # noqa: E402
+from tasks.store.connection import connect  # noqa: E402
 
 SEED = 0
 #: Per-device cost: a full batch (16 x 22 tokens) takes about 0.57 s, 36 ms a request,

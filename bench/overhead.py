@@ -83,8 +83,9 @@ def main() -> None:
     rows = {}
     with redis_server(log_dir) as (base, redis_pid):
         if args.only != "plain":
-            from batching_site.processes import LocalSystem, connect
-            from tasks.client import submit, submit_many
+            from batching_site.harness import LocalSystem
+            from tasks.edge.client import submit, submit_many
+            from tasks.store.connection import connect
 
             system = LocalSystem(
                 devices=["cpu:0", "cpu:1"],

@@ -39,13 +39,14 @@ django.setup()
 from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
-from batching_site.processes import LocalSystem, connect  # noqa: E402
+from batching_site.harness import LocalSystem  # noqa: E402
 from bench.model_ceiling import chunks, make_corpus, time_batches  # noqa: E402
 from gpu_workers.models import MODEL_NAMES, get_spec  # noqa: E402
-from tasks import client as client_api  # noqa: E402
-from tasks import shared_state  # noqa: E402
-from tasks.client import submit_many  # noqa: E402
 from tasks.core.policy import BatchPolicy  # noqa: E402
+from tasks.edge import client as client_api  # noqa: E402
+from tasks.edge.client import submit_many  # noqa: E402
+from tasks.store import shared_state  # noqa: E402
+from tasks.store.connection import connect  # noqa: E402
 
 
 def bare_loop(model: str, device: str, texts: list[str], batch: int) -> dict[str, float]:

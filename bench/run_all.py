@@ -212,9 +212,10 @@ def curve(b: Bench, system: str, call: Callable[[str], Any], texts: list[str], *
 
 
 def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
-    from batching_site.processes import LocalSystem, connect
-    from tasks import shared_state
-    from tasks.client import submit, submit_many
+    from batching_site.harness import LocalSystem
+    from tasks.edge.client import submit, submit_many
+    from tasks.store import shared_state
+    from tasks.store.connection import connect
 
     b.stage("pipeline: starting Redis-backed collector and 2 device workers")
     system = LocalSystem(
@@ -373,7 +374,8 @@ def run_batches(b: Bench, redis_url: str, texts: list[str]) -> dict[str, Any]:
 @contextmanager
 def redis_server(log_dir: Path) -> Iterator[tuple[str, int]]:
     """One Redis-compatible server for the whole run; yields its base URL and pid."""
-    from batching_site.processes import free_port, redis_server_command
+    from batching_site.harness import free_port
+    from batching_site.processes import redis_server_command
 
     port = free_port()
     data = tempfile.mkdtemp(prefix="bench-redis-")

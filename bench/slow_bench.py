@@ -36,8 +36,9 @@ django.setup()
 from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
-from batching_site.processes import LocalSystem, connect  # noqa: E402
-from tasks.client import submit  # noqa: E402
+from batching_site.harness import LocalSystem  # noqa: E402
+from tasks.edge.client import submit  # noqa: E402
+from tasks.store.connection import connect  # noqa: E402
 
 SYNTHETIC_ENV = {"SYNTHETIC_OVERHEAD_S": "0.004", "SYNTHETIC_PER_TOKEN_S": "0.0003"}
 

@@ -108,7 +108,7 @@ def main() -> None:
         f"  Flower      http://127.0.0.1:5555/         (user {user!r}, password in .env)\n"
         f"  devices     {', '.join(devices)}\n"
         f"  broker      {url}\n"
-        f"  scripts     .venv/bin/python -c 'from tasks.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
+        f"  scripts     .venv/bin/python -c 'from tasks.edge.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
         "\n  Ctrl-C stops everything.\n",
         flush=True,
     )

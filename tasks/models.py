@@ -20,8 +20,8 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from . import shared_state
 from .core.policy import OVERSIZED_ACTIONS, PRIORITIES, BatchPolicy
+from .store import shared_state
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from polling import poll_until
 
-from batching_site.processes import connect
+from tasks.store.connection import connect
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -18,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def live_system() -> Iterator[object]:
     """Redis, the collector and two simulated CPU devices, with both models loaded."""
-    from batching_site.processes import LocalSystem
+    from batching_site.harness import LocalSystem
 
     system = LocalSystem(
         devices=["cpu:0", "cpu:1"],
@@ -41,7 +42,7 @@ def bare_redis() -> Iterator[object]:
     from django.conf import settings
 
     from batching_site.celery import app
-    from batching_site.processes import LocalSystem
+    from batching_site.harness import LocalSystem
 
     previous = settings.REDIS_URL
     system = LocalSystem()
@@ -64,7 +65,7 @@ def bare_redis() -> Iterator[object]:
 
 @pytest.fixture
 def redis_client(live_system: object):  # type: ignore[no-untyped-def]
-    from tasks import shared_state
+    from tasks.store import shared_state
 
     return shared_state.client()
 
@@ -73,7 +74,8 @@ def apply_policy(policy: object, *, timeout: float = 5.0) -> object:
     """Publish `policy` under a fresh version, wait until the running collector's
     heartbeat shows that version, and make this process's client read it at once.
     Returns the policy as published."""
-    from tasks import client, shared_state
+    from tasks.edge import client
+    from tasks.store import shared_state
 
     current = shared_state.read_collector() or {}
     version = max(shared_state.read_policy().version, int(current.get("policy_version") or 0)) + 1
@@ -89,16 +91,14 @@ def wait_for_collector_policy(version: int, *, timeout: float = 5.0) -> float:
     (time.monotonic()), or fails the test after `timeout` seconds."""
     import time
 
-    from tasks import shared_state
+    from tasks.store import shared_state
 
-    deadline = time.monotonic() + timeout
-    beat: dict[str, object] = {}
-    while time.monotonic() < deadline:
-        beat = shared_state.read_collector() or {}
-        if beat.get("policy_version") == version:
-            return time.monotonic()
-        time.sleep(0.01)
-    pytest.fail(f"collector did not apply policy version {version} within {timeout}s (heartbeat {beat})")
+    poll_until(
+        lambda: (shared_state.read_collector() or {}).get("policy_version") == version,
+        f"the collector to apply policy version {version}",
+        timeout=timeout,
+    )
+    return time.monotonic()
 
 
 @pytest.fixture
@@ -106,8 +106,9 @@ def restore_policy(live_system: object) -> Iterator[None]:
     """The live system is shared by every test file: put the default policy back after
     a test that changes it, and wait until the collector runs it again."""
     yield
-    from tasks import client, shared_state
     from tasks.core.policy import BatchPolicy
+    from tasks.edge import client
+    from tasks.store import shared_state
 
     shared_state.publish_policy(BatchPolicy())
     client._policy._read_at = float("-inf")

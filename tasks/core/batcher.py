@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from ..errors import BatchOutputMismatch, DeadlineExceeded, Overloaded
 from .clock import Clock, MonotonicClock
+from .errors import BatchOutputMismatch, DeadlineExceeded, Overloaded
 from .policy import BatchPolicy
 from .scheduler import Batch, Item, Scheduler
 

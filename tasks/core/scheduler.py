@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from .budget import fits
 from .policy import PRIORITIES, BatchPolicy
 
 P = TypeVar("P")
@@ -132,7 +133,7 @@ class _Tier(Generic[P]):
         """The request that adds the least padding to a batch of `size` requests padded
         to `padded_len` without taking it past `budget`, among those of length `lo` to
         `hi` enqueued no later than `newest`; the oldest among equals."""
-        if (size + 1) * padded_len > budget:
+        if not fits(size=size, padded_len=padded_len, tokens=0, budget=budget):
             return None
         best: Item[P] | None = None
         best_cost = 0
@@ -140,7 +141,7 @@ class _Tier(Generic[P]):
         stop = bisect.bisect_right(self.lengths, hi)
         # A slice is a copy: head_of_length may delete keys from self.lengths.
         for length in self.lengths[start:stop]:
-            if length > padded_len and (size + 1) * length > budget:
+            if not fits(size=size, padded_len=padded_len, tokens=length, budget=budget):
                 break  # lengths ascend, so no longer one fits either
             head = self.head_of_length(length)
             if head is None or head.enqueued_at > newest:
@@ -314,7 +315,10 @@ class Scheduler(Generic[P]):
         due = self._earliest_deadline()
         if due is None or due.deadline is None or due.deadline - now > self.urgent_margin_s:
             return None
-        if size and (due.alone or (size + 1) * max(padded_len, due.tokens) > self._policy.max_batch_tokens):
+        if size and (
+            due.alone
+            or not fits(size=size, padded_len=padded_len, tokens=due.tokens, budget=self._policy.max_batch_tokens)
+        ):
             return None
         return due
 

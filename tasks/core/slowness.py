@@ -52,7 +52,13 @@ class CostModel:
         expected = self.expected_s(padded_tokens)
         if expected is None or self.observed < self.warmup:
             return self.hard_limit_s
-        return min(self.hard_limit_s, max(self.floor_s, self.factor * expected))
+        return min(self.hard_limit_s, slow_after(expected, factor=self.factor, floor_s=self.floor_s))
+
+
+def slow_after(expected_s: float | None, *, factor: float, floor_s: float) -> float:
+    """The one "too slow" rule: `factor` times the expected time, and never under
+    `floor_s` (an unknown expectation counts as 0, so the floor alone applies)."""
+    return max(floor_s, factor * (expected_s or 0.0))
 
 
 def fingerprint(model: str, text: str) -> str:

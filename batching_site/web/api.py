@@ -1,0 +1,220 @@
+"""The JSON API at /api/v1/, with its OpenAPI schema at /api/v1/openapi.json and
+interactive docs at /api/v1/docs.
+
+Auth, on every operation:
+- scripts send `Authorization: Bearer bt_...` (`manage.py create_api_token USERNAME`);
+- pages send the Django session cookie, and a CSRF token (X-CSRFToken) on POST.
+Without either: 401.
+
+Errors are JSON `{"detail": ...}`, never a 500 for bad input:
+400 unparseable body, 401/403 auth or CSRF, 413 body over DATA_UPLOAD_MAX_MEMORY_SIZE
+or a text over its limit, 422 invalid fields, 429 queue full (with Retry-After),
+503 broker unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated, Any, Literal
+
+import redis
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+from kombu.exceptions import OperationalError
+from ninja import Field, NinjaAPI, Query, Schema, Status
+from ninja.errors import HttpError
+from ninja.security import APIKeyCookie, HttpBearer
+from ninja.utils import check_csrf
+from pydantic import field_validator, model_validator
+
+from tasks import metrics
+from tasks.core.errors import Overloaded
+from tasks.edge.client import submit_many
+from tasks.models import ApiToken
+from tasks.protocol.names import PRIORITIES
+
+from ..reporting import stats, timeline
+from .errors import refusal
+
+log = logging.getLogger(__name__)
+
+#: Most texts in one POST /requests.
+MAX_TEXTS = 256
+
+
+class BearerToken(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> Any:
+        return ApiToken.objects.user_for(token)
+
+
+class SessionWithCsrf(APIKeyCookie):
+    """Django's session, for the pages. CSRF is checked only once a session user is
+    found, so a request with no credentials gets 401, not a CSRF 403."""
+
+    param_name = settings.SESSION_COOKIE_NAME
+
+    def _get_key(self, request: HttpRequest) -> str | None:
+        return request.COOKIES.get(self.param_name)
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        if not request.user.is_authenticated:
+            return None
+        if check_csrf(request) is not None:
+            raise HttpError(403, "CSRF check failed: send the csrftoken cookie's value in the X-CSRFToken header")
+        return request.user
+
+
+api = NinjaAPI(
+    title="Dynamic batching API",
+    version="1",
+    description=__doc__ or "",
+    urls_namespace="api-v1",
+    auth=[BearerToken(), SessionWithCsrf()],
+)
+
+
+# --- schemas -----------------------------------------------------------------------------
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode (unpaired surrogate at index {exc.start})") from None
+    return text
+
+
+class SubmitIn(Schema):
+    """Exactly one of `text` and `texts`."""
+
+    text: str | None = Field(None, description="One text to embed.", examples=["a sentence to embed"])
+    texts: list[str] | None = Field(
+        None, min_length=1, max_length=MAX_TEXTS, description=f"Up to {MAX_TEXTS} texts, answered in order."
+    )
+    priority: Literal[PRIORITIES] = "normal"  # type: ignore[valid-type]
+    model: str | None = Field(None, max_length=64, description="A registered model; the default model if omitted.")
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds from now; a request not dispatched by then fails with DeadlineExceeded.",
+    )
+
+    @field_validator("text")
+    @classmethod
+    def _text_utf8(cls, v: str | None) -> str | None:
+        return None if v is None else _utf8(v)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts_utf8(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [_utf8(t) for t in v]
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SubmitIn:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("send exactly one of `text` (a string) and `texts` (a list of strings)")
+        return self
+
+
+class SubmitOut(Schema):
+    ids: list[str] = Field(description="One request id per text, in input order.")
+    status: str = "PENDING"
+
+
+class Error(Schema):
+    detail: Any = Field(description="What was wrong: a message, or a list of field errors (422).")
+
+
+class Event(Schema):
+    event: str
+    at: float | None
+    text: str
+
+
+class RequestOut(Schema):
+    id: str
+    status: str = Field(description="PENDING until there is an outcome, then SUCCESS or FAILURE.")
+    result: Any = Field(None, description="The embedding, on SUCCESS.")
+    error: str | None = Field(None, description="The request's own error, on FAILURE.")
+    details: dict[str, Any] = Field(description="Batch, device, timings; empty while pending.")
+    timeline: list[Event]
+
+
+ERRORS: dict[int, type[Schema]] = {code: Error for code in (400, 401, 403, 413, 422, 429, 503)}
+
+
+# --- operations ---------------------------------------------------------------------------
+
+
+@api.post("/requests", response={202: SubmitOut, **ERRORS}, summary="Submit one text or many")
+def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
+    """Queue texts for embedding; answers 202 with their ids at once.
+
+    Example: `{"texts": ["first", "second"], "priority": "high", "model": "minilm",
+    "deadline_s": 5}` → `202 {"ids": ["…", "…"], "status": "PENDING"}`. Poll each id
+    with GET /api/v1/requests/{id}.
+    """
+    texts = [payload.text] if payload.text is not None else list(payload.texts or [])
+    try:
+        results = submit_many(texts, priority=payload.priority, model=payload.model, deadline_s=payload.deadline_s)
+    except (ValueError, TypeError) as exc:
+        # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text.
+        answer = refusal(exc)
+        assert answer is not None
+        raise HttpError(answer.status, answer.detail) from exc
+    return Status(202, {"ids": [r.id for r in results], "status": "PENDING"})
+
+
+@api.get("/requests/{request_id}", response={200: RequestOut, **ERRORS}, summary="A request's status and result")
+def get_request(request: HttpRequest, request_id: uuid.UUID) -> dict[str, Any]:
+    """PENDING, or SUCCESS with `result`, or FAILURE with `error`; `details` and
+    `timeline` say which batch and device ran it and when."""
+    return timeline.read(str(request_id))
+
+
+@api.get("/stats", response={200: dict[str, Any], **ERRORS}, summary="The dashboard's numbers")
+def get_stats(
+    request: HttpRequest,
+    since: Annotated[
+        float | None, Query(None, allow_inf_nan=False, description="Only chart points newer than this epoch time.")
+    ] = None,
+) -> dict[str, Any]:
+    """Queue depths, p50/p99 wait per priority, throughput, batch fill, devices, SLO
+    checks, recent failed and isolated requests, and the chart series."""
+    return stats.build(
+        metrics.read(),
+        slo=stats.Slo.from_settings(),
+        flower_url=settings.FLOWER_URL,
+        since=since,
+    )
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _error(request: HttpRequest, status: int, detail: Any) -> HttpResponse:
+    return api.create_response(request, {"detail": detail}, status=status)
+
+
+def _refused(request: HttpRequest, exc: Exception) -> HttpResponse:
+    answer = refusal(exc)
+    if answer is None:
+        raise exc
+    if answer.status == 503:
+        log.warning("API call failed on Redis: %s", exc)
+    response = _error(request, answer.status, answer.detail)
+    for name, value in answer.headers.items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(RequestDataTooBig)
+def _body_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return _error(request, 413, f"request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
+
+
+for _kind in (Overloaded, redis.RedisError, OperationalError, ConnectionError):
+    api.add_exception_handler(_kind, _refused)

@@ -1,0 +1,100 @@
+"""Small views: the submit page, a request's status as JSON, and /healthz."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from tasks.edge.client import submit
+from tasks.models import BatchingPolicy
+from tasks.protocol.app import get_app
+from tasks.protocol.names import PRIORITIES
+from tasks.store import shared_state
+
+from .errors import refusal
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    return render(request, "index.html", {"priorities": PRIORITIES})
+
+
+@require_POST
+def submit_form(request: HttpRequest) -> JsonResponse:
+    """Accept one text from the page; answer 202 with its id, or a 4xx with the reason."""
+    try:
+        data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
+    except (ValueError, UnicodeDecodeError):
+        return JsonResponse({"detail": "body is not valid JSON"}, status=400)
+    try:
+        result = submit(data.get("text"), priority=data.get("priority") or "normal")
+    except Exception as exc:
+        answer = refusal(exc, invalid_status=400)
+        if answer is None:
+            raise
+        response = JsonResponse({"detail": answer.detail}, status=answer.status)
+        for name, value in answer.headers.items():
+            response[name] = value
+        return response
+    return JsonResponse({"id": result.id, "status": "PENDING"}, status=202)
+
+
+@require_GET
+def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
+    meta = get_app().backend.get_task_meta(str(request_id))
+    body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": meta.get("batching") or {}}
+    if meta["status"] == "SUCCESS":
+        body["result"] = meta["result"]
+    elif meta["status"] == "FAILURE":
+        exc = meta["result"]
+        body["error"] = f"{type(exc).__name__}: {exc}"
+    return JsonResponse(body)
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 once web, broker, collector and at least one device worker answer; else 503
+    naming what is missing."""
+    parts: dict[str, object] = {"web": "ok"}
+    missing = []
+    try:
+        r = shared_state.client()
+        r.ping()
+        parts["broker"] = "ok"
+        collector = shared_state.read_collector(r)
+        devices = shared_state.live_devices(r)
+        published: int | None = shared_state.read_policy(r).version
+    except Exception as exc:  # noqa: BLE001 - any broker failure is "broker missing"
+        parts["broker"] = f"unreachable: {exc}"
+        missing.append("broker")
+        collector, devices, published = None, {}, None
+    if collector and time.time() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
+        parts["collector"] = {"hostname": collector.get("hostname"), "policy_version": collector.get("policy_version")}
+    else:
+        missing.append("collector")
+    if devices:
+        parts["devices"] = sorted(devices)
+    else:
+        missing.append("device worker")
+    # Saved in the admin, published to Redis (what the edge and collector read), and
+    # applied by the collector: whichever lags shows where a policy change is stuck.
+    # No row yet (sync_policy not run) means the defaults, version 0.
+    active: object
+    try:
+        active = BatchingPolicy.objects.filter(singleton=True).values_list("version", flat=True).first() or 0
+    except Exception as exc:  # noqa: BLE001 - /healthz reports a broken database, never 500s
+        active = f"unreadable: {exc}"
+    applied = collector.get("policy_version") if collector else None
+    parts["policy"] = {
+        "active_version": active,
+        "published_version": published,
+        "collector_version": applied,
+        "in_sync": active == published == applied,
+    }
+    if missing:
+        parts["missing"] = missing
+    return JsonResponse(parts, status=503 if missing else 200)

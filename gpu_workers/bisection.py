@@ -1,0 +1,71 @@
+"""Running a batch so that only the inputs at fault fail: a batch that raises or runs
+past its time limit is split in halves and each half retried (at most log2(n) levels),
+and an input too slow to share a batch is run alone afterwards."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+
+from tasks.core.errors import BatchOutputMismatch, InferenceError
+from tasks.core.slowness import CostModel
+
+from .models.base import BatchRunner
+from .watchdog import BatchTooSlow, Watchdog
+
+log = logging.getLogger(__name__)
+
+#: Marks a request that was too slow to run with others; it runs alone afterwards.
+SLOW = object()
+
+
+class Bisector:
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+        self.costs: dict[str, CostModel] = {}
+
+    def run(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]], *, slow_lane: bool = False) -> list[Any]:
+        """Each request's result, its own exception, or SLOW, in order.
+
+        Runs the requests as one batch under a time limit learned from past batches.
+        A batch that raises is bisected, so only inputs that fail on their own fail and
+        their batch-mates still get answers. A batch cut off for running too long is
+        bisected the same way, and a single request too slow on its own comes back as
+        SLOW, to be run alone afterwards (`slow_lane=True`, under the hard limit only).
+        """
+        costs = self.costs.setdefault(
+            model,
+            CostModel(
+                factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S, hard_limit_s=settings.BATCH_HARD_LIMIT_S
+            ),
+        )
+        padded = len(reqs) * max(r["tokens"] for r in reqs)
+        limit = costs.limit_s(padded) if settings.SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
+        t0 = time.perf_counter()
+        try:
+            with self.watchdog.limit(limit):
+                out = runner.run_batch([r["text"] for r in reqs])
+            if len(out) != len(reqs):
+                raise BatchOutputMismatch(len(reqs), len(out))
+        except BatchOutputMismatch as exc:
+            return [exc] * len(reqs)
+        except BatchTooSlow:
+            log.warning("batch of %d (%d padded tokens) passed its %.3fs limit", len(reqs), padded, limit)
+            if slow_lane or len(reqs) == 1:
+                return [SLOW if not slow_lane else InferenceError(f"ran past the {limit:.0f}s hard limit")]
+            return self._halves(model, runner, reqs)
+        except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
+            runner.after_failure(exc)
+            if len(reqs) == 1:
+                return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
+            return self._halves(model, runner, reqs)
+        if not slow_lane:
+            costs.observe(padded, time.perf_counter() - t0)
+        return list(out)
+
+    def _halves(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]]) -> list[Any]:
+        mid = len(reqs) // 2
+        return self.run(model, runner, reqs[:mid]) + self.run(model, runner, reqs[mid:])

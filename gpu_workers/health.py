@@ -1,0 +1,92 @@
+"""A device's health: when a batch's failure is the device's fault, the circuit that
+stops this worker pulling work, and bouncing a batch to a healthy device."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+from django.conf import settings
+
+from tasks.core.circuit import CircuitBreaker
+from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK
+
+log = logging.getLogger(__name__)
+
+#: Words in an error that blame the device rather than the input.
+_DEVICE_ERROR_MARKS = ("CUDA", "OutOfMemory", "out of memory", "DeviceFault", "device-side")
+
+
+def device_failed(results: list[Any]) -> bool:
+    """Every input failed, and not because of itself: several inputs failing on their
+    own at once, or an error that names the device."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if not results or len(errors) != len(results):
+        return False
+    return len(errors) >= 2 or any(m in str(errors[0]) for m in _DEVICE_ERROR_MARKS)
+
+
+class DeviceHealth:
+    def __init__(self, app: Celery, device_id: str, nodename: str | None) -> None:
+        self.app = app
+        self.device_id = device_id
+        #: The Celery worker's name, to stop and resume its consuming when the circuit trips.
+        self.nodename = nodename
+        self.breaker = CircuitBreaker(
+            time.monotonic, threshold=settings.CIRCUIT_THRESHOLD, cooldown_s=settings.CIRCUIT_COOLDOWN_S
+        )
+
+    def may_run(self, batch: dict[str, Any]) -> bool:
+        """False while the circuit is open, unless the batch has bounced so often that
+        it runs anyway: with every device broken its callers still get errors."""
+        return self.breaker.allow() or batch.get("bounces", 0) >= settings.MAX_BOUNCES
+
+    def judge(self, batch: dict[str, Any], results: list[Any]) -> bool:
+        """Record how the batch went. True if the device, not the inputs, failed it and
+        the batch should go to another device."""
+        if device_failed(results):
+            if self.breaker.record_failure():
+                self._open_circuit()
+            return batch.get("bounces", 0) < settings.MAX_BOUNCES
+        if any(not isinstance(res, BaseException) for res in results):
+            self.breaker.record_success()
+        return False
+
+    def bounce(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Hand a batch back to the shared queue for a healthy device."""
+        bounces = batch.get("bounces", 0) + 1
+        self.app.send_task(
+            BATCH_TASK,
+            args=[{**batch, "bounces": bounces}],
+            task_id=f"{batch['batch_id']}-bounce{bounces}",
+            queue=BATCH_QUEUE,
+        )
+        return {"batch_id": batch["batch_id"], "device": self.device_id, "bounced": bounces}
+
+    def _open_circuit(self) -> None:
+        log.error(
+            "device %s failed %d batches in a row: circuit open, not pulling work for %.0fs",
+            self.device_id,
+            self.breaker.failures,
+            self.breaker.cooldown_s,
+        )
+        self._consume(False)
+        timer = threading.Timer(self.breaker.seconds_until_half_open(), self._consume, args=(True,))
+        timer.daemon = True
+        timer.start()
+
+    def _consume(self, on: bool) -> None:
+        """Stop or resume pulling from the shared batch queue (pinned work still comes)."""
+        if not self.nodename:
+            return
+        try:
+            if on:
+                log.info("device %s circuit half-open: pulling one batch to test it", self.device_id)
+                self.app.control.add_consumer(BATCH_QUEUE, destination=[self.nodename])
+            else:
+                self.app.control.cancel_consumer(BATCH_QUEUE, destination=[self.nodename])
+        except Exception:  # noqa: BLE001 - the bounce still keeps work away
+            log.warning("could not change consuming of %s", BATCH_QUEUE, exc_info=True)

@@ -1,0 +1,43 @@
+"""Start-up and shut-down of a device worker (gpu_workers/worker.py).
+
+The model is loaded when the worker starts, on that worker's device, not at import
+and not as a module global shared by everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import bootsteps
+from django.conf import settings
+
+from . import runner
+
+log = logging.getLogger(__name__)
+
+
+class DeviceStep(bootsteps.StartStopStep):
+    """Creates this worker's DeviceRunner on start and closes it on stop."""
+
+    def __init__(self, worker: Any, device: str | None = None, preload: str | None = None, **options: Any) -> None:
+        super().__init__(worker, **options)
+        self.device = device
+        self.preload = preload
+        self.runner: Any = None
+
+    def start(self, worker: Any) -> None:
+        if not self.device:
+            raise RuntimeError("a device worker needs --device (cuda:0, cpu:0, ...)")
+        models = [m for m in (self.preload or settings.DEFAULT_MODEL).split(",") if m]
+        os.environ.setdefault("DEVICE_COUNT", str(max(1, len(settings.DEVICES) or 1)))
+        self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)
+        runner.install(self.runner)
+        log.info("device worker ready on %s with %s", self.device, ", ".join(models))
+
+    def stop(self, worker: Any) -> None:
+        if self.runner is not None:
+            runner.install(None)
+            self.runner.close()
+            self.runner = None

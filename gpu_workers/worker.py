@@ -1,0 +1,21 @@
+"""`celery -A gpu_workers.worker worker --device cuda:0 ...`: a Celery worker that runs
+batches on one device.
+
+The project's app, with the `--device` and `--preload` options and the device's
+start-up step added in this process only.
+"""
+
+from click import Option
+
+from tasks.protocol.app import get_app
+
+from .step import DeviceStep
+
+app = get_app()
+app.user_options["worker"].add(
+    Option(["--device"], required=True, help="Run batches on this device (cuda:0, cpu:0, ...).")
+)
+app.user_options["worker"].add(
+    Option(["--preload"], default=None, help="Comma-separated models to load at start (default: DEFAULT_MODEL).")
+)
+app.steps["worker"].add(DeviceStep)

@@ -1,0 +1,86 @@
+"""The collector's periodic chores, each a small function of its state: the policy and
+the live devices it reads, the device slots it reclaims, the slow inputs it learns, the
+ledger it sweeps and the heartbeat and metrics it writes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from ..protocol.names import PRIORITIES, SLOW_INPUTS_KEY, request_queue_name
+from ..store import ledger, request_queues, shared_state
+
+if TYPE_CHECKING:
+    from .loop import Collector
+
+log = logging.getLogger(__name__)
+
+#: How often the collector re-reads the policy and the live devices, and writes its own
+#: heartbeat. A policy saved in the admin takes effect within this (plus one batch).
+HOUSEKEEPING_S = 0.25
+#: How often it re-reads the slow inputs and sweeps the ledger.
+SWEEP_EVERY_S = 5.0
+
+
+def run(c: Collector, r: Any, now: float) -> None:
+    apply_policy(c, shared_state.read_policy(r))
+    read_devices(c, r)
+    for batch_id, age in c.slots.reclaim_stale():
+        log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)
+    if now >= c.next_sweep:
+        c.next_sweep = now + SWEEP_EVERY_S
+        c.slow_inputs = {m.decode() for m in r.smembers(SLOW_INPUTS_KEY)}
+        sweep_ledger(c, r)
+    buffered = heartbeat(c, r)
+    c.metrics.flush(r, buffered=buffered)
+
+
+def apply_policy(c: Collector, policy: Any) -> None:
+    if policy != c.policy:
+        log.info("collector applies policy version %d", policy.version)
+        c.policy = policy
+        for sched in c.schedulers.values():
+            sched.set_policy(policy)
+
+
+def read_devices(c: Collector, r: Any) -> None:
+    live = shared_state.live_devices(r)
+    c.devices = len(live)
+    c.outbox.device_names = sorted(str(info.get("device")) for info in live.values())
+
+
+def sweep_ledger(c: Collector, r: Any) -> None:
+    """Queue again any accepted request that has gone missing (see tasks/store/ledger.py).
+
+    Missing means: unanswered for longer than any redelivery takes, not held here,
+    and its queue is empty (so it is not simply waiting behind a backlog)."""
+    empty = {p for p in PRIORITIES if r.llen(request_queue_name(p)) == 0}
+    lost = []
+    for task_id, raw in ledger.overdue(r, settings.LEDGER_GRACE_S):
+        priority = request_queues.queue_of(raw)
+        if task_id not in c.held and priority in empty:
+            log.warning("request %s was accepted but went missing; queuing it again", task_id)
+            lost.append((priority, task_id, raw))
+    request_queues.republish(r, lost)
+    c.stats["republished"] = c.stats.get("republished", 0) + len(lost)
+
+
+def heartbeat(c: Collector, r: Any) -> dict[str, int]:
+    """Write the collector's heartbeat; returns what it buffers per tier."""
+    buffered = {p: sum(s.depth(p) for s in c.schedulers.values()) for p in PRIORITIES}
+    shared_state.collector_heartbeat(
+        {
+            "hostname": c.hostname,
+            "policy_version": c.policy.version,
+            "devices": c.devices,
+            "outstanding": len(c.slots),
+            "buffered": buffered,
+            "stats": c.stats,
+            "at": time.time(),
+        },
+        r,
+    )
+    return buffered

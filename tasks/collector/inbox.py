@@ -1,0 +1,63 @@
+"""What comes into the collector: request messages, and the devices' events."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..core.scheduler import Item
+from ..protocol import wire
+from ..protocol.names import REQUEST_TASK
+from ..protocol.request import Request
+
+
+class Held:
+    """A request the collector holds (in its tier's held hash until it is sent)."""
+
+    __slots__ = ("request", "slow")
+
+    def __init__(self, request: Request, slow: bool = False) -> None:
+        self.request = request
+        #: A device found this input too slow to share a batch: it runs alone.
+        self.slow = slow
+
+
+def parse_request(raw: bytes, priority: str) -> tuple[str, Request]:
+    """The task id and request of a message taken from `priority`'s queue. Raises
+    ValueError (or TypeError) naming what is wrong with a malformed one."""
+    message = wire.decode(raw)
+    task_id = message.task_id
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError("the message has no task id")
+    if message.task != REQUEST_TASK:
+        raise ValueError(f"not a request message: task {message.task!r}")
+    request = Request.from_message(message.args[0])
+    if request.priority != priority:
+        raise ValueError(f"priority {request.priority!r} queued on the {priority!r} queue")
+    return task_id, request
+
+
+def to_item(task_id: str, request: Request, *, now: float, slow: bool) -> Item[Held]:
+    """The scheduler's view of a request. Its age and deadline come in wall-clock time
+    from the edge and are turned into the collector's own clock here."""
+    wall = time.time()
+    age = max(0.0, wall - request.submitted_at)
+    deadline = None if request.deadline_at is None else now + (request.deadline_at - wall)
+    return Item(
+        id=task_id,
+        tokens=request.tokens,
+        priority=request.priority,
+        enqueued_at=now - age,
+        deadline=deadline,
+        payload=Held(request, slow),
+        alone=request.alone or slow,
+    )
+
+
+def parse_event(raw: bytes) -> dict[str, Any] | None:
+    """A device's event as a dict, or None for anything that is not one."""
+    try:
+        body = wire.body(raw)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None

@@ -1,0 +1,282 @@
+"""The batch collector: request messages in, batch tasks out.
+
+It runs as one thread inside a Celery worker (tasks/collector/worker.py), the only
+collector of its Redis, and is the only code that touches its state, so no lock is
+needed.
+
+One turn of the loop:
+
+    housekeeping            -> policy, live devices, heartbeat (every HOUSEKEEPING_S);
+                               slow inputs and the ledger sweep (every SWEEP_EVERY_S)
+    expire past-deadline    -> DeadlineExceeded outcome, strike off
+    while a slot is free and Scheduler.next_batch():
+        form a batch
+    send them: one batch as a plain task, several as one chord whose callback records
+        the round (tasks/collector/rounds.py); their requests are struck off the held hashes
+    wait until a request arrives (only while a slot is free) or a device reports done
+    take every waiting request and event in one round trip -> Scheduler.add()
+
+Why a request is always in exactly one place (its queue, the held hash, or a published
+batch): `take` moves messages into the held hash in one script, and a batch is pushed
+and its requests struck off in one transaction. A collector that dies leaves its held
+requests in Redis and the next one adopts them at start.
+
+Workers pull: the collector does not pick devices. It keeps at most
+`devices x (1 + batches_ahead)` batches outstanding, and a device that finishes a batch
+says so on the events queue. While a device is free the next batch leaves at once
+(with `max_wait_ms=0`); while all are busy, requests wait in their queues and are taken
+together when a device frees, into fuller batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from celery import Celery
+from django.conf import settings
+
+from .. import metrics
+from ..core.clock import Clock, MonotonicClock
+from ..core.errors import DeadlineExceeded
+from ..core.policy import BatchPolicy
+from ..core.scheduler import Batch, Item, Scheduler
+from ..core.slots import Slots
+from ..core.slowness import fingerprint
+from ..protocol import wire
+from ..protocol.names import EVENTS_QUEUE
+from ..protocol.results import Outcome
+from ..store import request_queues, shared_state
+from ..store.outcomes import OutcomeWriter
+from . import housekeeping, inbox
+from .inbox import Held
+from .outbox import Outbox, batch_body
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        window: int = 256,
+        batches_ahead: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.app = app
+        self.window = window
+        self.batches_ahead = batches_ahead
+        self.clock = clock or MonotonicClock()
+        self.policy = BatchPolicy()
+        # One scheduler per model: a batch runs one model.
+        self.schedulers: dict[str, Scheduler[Held]] = {}
+        self.held: dict[str, Item[Held]] = {}
+        self.slots = Slots(self.clock.now)
+        self.slow_inputs: set[str] = set()
+        self.devices = 0
+        self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0, "rounds": 0}
+        self.outcomes = OutcomeWriter(app)
+        self.metrics = metrics.CollectorMetrics()
+        self.next_housekeeping = 0.0
+        self.next_sweep = 0.0
+        self.hostname = socket.gethostname()
+        self.redis = shared_state.client()
+        self.outbox = Outbox(app, self.redis, dispatch=settings.COLLECTOR_DISPATCH)
+
+    # The dispatch mode and the devices' names belong to the outbox; these let a test
+    # or a benchmark set them on the collector.
+    @property
+    def dispatch(self) -> str:
+        return self.outbox.dispatch
+
+    @dispatch.setter
+    def dispatch(self, mode: str) -> None:
+        self.outbox.dispatch = mode
+
+    @property
+    def device_names(self) -> list[str]:
+        return self.outbox.device_names
+
+    @device_names.setter
+    def device_names(self, names: list[str]) -> None:
+        self.outbox.device_names = names
+
+    def _queue(self) -> str:
+        return self.outbox.queue()
+
+    # --- the loop -----------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        with self.app.connection_for_write() as pconn:
+            pconn.ensure_connection(max_retries=None)
+            self.outbox.producer = pconn.Producer(serializer="json")
+            # Done-events from before this collector started describe batches it never sent.
+            self.redis.delete(EVENTS_QUEUE)
+            self._housekeeping(force=True)
+            self._adopt()
+            log.info("collector ready: window %d per tier, %d device(s)", self.window, self.devices)
+            while not stop.is_set():
+                self._turn()
+            self._drain_at_shutdown()
+
+    def _turn(self) -> None:
+        self._housekeeping()
+        self._expire()
+        self._dispatch()
+        timeout = self._idle_timeout()
+        if timeout > 0:
+            # While every slot is busy, new requests wait in their queues: only a device
+            # reporting done (or a timer) ends the wait, and then everything is taken.
+            event = request_queues.wait(self.redis, timeout, requests=self._free_slots() > 0)
+            if event is not None:
+                self._on_event(event)
+        self._take()
+
+    def _housekeeping(self, *, force: bool = False) -> None:
+        now = self.clock.now()
+        if not force and now < self.next_housekeeping:
+            return
+        self.next_housekeeping = now + housekeeping.HOUSEKEEPING_S
+        housekeeping.run(self, self.redis, now)
+
+    def _take(self) -> None:
+        tiers, events = request_queues.take(self.redis, self.window)
+        for raw in events:
+            self._on_event(raw)
+        self._add(tiers)
+
+    def _adopt(self) -> None:
+        """Requests a previous collector took and never sent are ours now."""
+        count = self._add(request_queues.held(self.redis))
+        if count:
+            log.warning("adopted %d request(s) held by a previous collector", count)
+
+    def _add(self, tiers: dict[str, list[bytes]]) -> int:
+        for priority, raws in tiers.items():
+            for raw in raws:
+                self._on_request(raw, priority)
+        return sum(len(raws) for raws in tiers.values())
+
+    def _idle_timeout(self) -> float:
+        now = self.clock.now()
+        wake = self.next_housekeeping
+        for s in self.schedulers.values():
+            w = s.next_wakeup() if self._free_slots() else s.next_deadline()
+            if w is not None:
+                wake = min(wake, w)
+        return max(0.0, min(housekeeping.HOUSEKEEPING_S, wake - now))
+
+    # --- messages in ----------------------------------------------------------------
+
+    def _on_request(self, raw: bytes, priority: str) -> None:
+        try:
+            task_id, request = inbox.parse_request(raw, priority)
+        except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
+            bad_id = wire.task_id_of(raw)
+            log.error("rejecting malformed request message %s: %s", bad_id, exc)
+            if bad_id:
+                self.outcomes.write([Outcome(bad_id, error=ValueError(f"malformed request message: {exc}"))])
+                request_queues.ack(self.redis, [(priority, bad_id)])
+            self.stats["rejected"] += 1
+            return
+        if task_id in self.held:
+            return  # queued again by the ledger sweep while we hold it: keep one copy
+        slow = fingerprint(request.model, request.text) in self.slow_inputs
+        item = inbox.to_item(task_id, request, now=self.clock.now(), slow=slow)
+        sched = self.schedulers.get(request.model)
+        if sched is None:
+            sched = self.schedulers[request.model] = Scheduler(self.policy, self.clock.now)
+        sched.add(item)
+        self.held[task_id] = item
+
+    def _on_event(self, raw: bytes) -> None:
+        body = inbox.parse_event(raw)
+        if body is None:
+            log.error("ignoring a malformed message on %s: %r", EVENTS_QUEUE, raw[:200])
+            return
+        kind = body.get("kind")
+        if kind == "done":
+            self.slots.done(
+                body.get("batch_id"), int(body.get("padded_tokens") or 0), float(body.get("run_ms") or 0) / 1000
+            )
+        elif kind == "slow":
+            self.slow_inputs.add(str(body.get("fingerprint")))
+        elif kind == "hello":
+            self.next_housekeeping = 0.0
+
+    # --- messages out ---------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        return self.slots.free(self.devices, self.batches_ahead)
+
+    def _dispatch(self, *, force: bool = False) -> None:
+        # Everything this turn can send leaves together: two or more batches form a round.
+        formed: list[tuple[str, Batch[Held]]] = []
+        while self._free_slots() > len(formed) or (force and self.devices):
+            batch = self._next_batch(force=force)
+            if batch is None:
+                break
+            formed.append(batch)
+        if formed:
+            self._send(formed)
+
+    def _next_batch(self, *, force: bool) -> tuple[str, Batch[Held]] | None:
+        # The model whose oldest request has waited longest goes first.
+        ready = []
+        for model, sched in self.schedulers.items():
+            oldest = sched.oldest()
+            if oldest is not None:
+                ready.append((oldest.enqueued_at, model, sched))
+        for _, model, sched in sorted(ready, key=lambda r: r[0]):
+            batch = sched.next_batch(force=force)
+            if batch is not None:
+                return model, batch
+        return None
+
+    def _send(self, formed: list[tuple[str, Batch[Held]]]) -> None:
+        bodies = [batch_body(model, batch) for model, batch in formed]
+        items = [(item.priority, item.id) for _, batch in formed for item in batch.items]
+        if self.outbox.send(bodies, items):
+            self.stats["rounds"] += 1
+        for (_, batch), body in zip(formed, bodies, strict=True):
+            for item in batch.items:
+                self.held.pop(item.id, None)
+            self.slots.sent(body["batch_id"], batch.padded_tokens)
+            self.stats["dispatched_batches"] += 1
+            self.stats["dispatched_requests"] += len(batch)
+            self.metrics.batch_sent(batch, self.policy.max_batch_size)
+
+    def _expire(self) -> None:
+        expired: list[Item[Held]] = []
+        for sched in self.schedulers.values():
+            expired.extend(sched.expire())
+        if not expired:
+            return
+        self.outcomes.write(
+            [
+                Outcome(
+                    i.id,
+                    error=DeadlineExceeded(i.id, "was not dispatched before its deadline, so it never ran"),
+                    details={"expired": True, "priority": i.priority},
+                )
+                for i in expired
+            ]
+        )
+        request_queues.ack(self.redis, [(item.priority, item.id) for item in expired])
+        for item in expired:
+            self.held.pop(item.id, None)
+        self.stats["expired"] += len(expired)
+        self.metrics.expired(expired)
+
+    def _drain_at_shutdown(self) -> None:
+        """Dispatch what is held if any device can run it; put the rest back at the
+        head of its queue for the next collector."""
+        if self.devices and self.held:
+            log.info("collector shutting down: dispatching %d held request(s)", len(self.held))
+            self._dispatch(force=True)
+        rest = sorted(self.held.values(), key=lambda i: i.enqueued_at)
+        if rest:
+            request_queues.release(self.redis, [(i.priority, i.id) for i in rest])
+            log.info("collector shutting down: %d held request(s) back in their queues", len(rest))

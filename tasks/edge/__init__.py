@@ -1,0 +1,1 @@
+"""Accepting a request: validation, token counting, queuing (submit / submit_many)."""

@@ -1,0 +1,112 @@
+"""The client API: submit texts, get Celery AsyncResults back.
+
+    from tasks.edge.client import submit
+    vector = submit("a sentence").get(timeout=10)        # 384 floats for minilm
+
+Each request is validated and tokenized here, at the edge, then queued as one Celery
+task message on its priority's queue: all the messages of one call in one round trip,
+together with the queue-cap check (tasks/store/request_queues.py). Its task id is its AsyncResult id: the
+device worker that runs it stores the answer (or this request's own error) under it.
+Safe to call from many threads and processes at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from celery.result import AsyncResult
+from django.conf import settings
+
+from .. import metrics
+from ..core.errors import DeadlineExceeded, Overloaded, RequestTooLarge
+from ..protocol import events as flower_events
+from ..protocol import wire
+from ..protocol.app import get_app
+from ..protocol.names import REQUEST_TASK, request_queue_name
+from ..protocol.request import Request
+from ..store import request_queues, shared_state
+from .intake import accept
+
+__all__ = ["DeadlineExceeded", "Overloaded", "RequestTooLarge", "details", "submit", "submit_many"]
+
+_policy = shared_state.PolicyCache(max_age_s=0.5)
+
+
+def submit(
+    text: str,
+    *,
+    priority: str = "normal",
+    model: str | None = None,
+    deadline_s: float | None = None,
+) -> AsyncResult:
+    """Queue one text. Raises ValueError/TypeError for bad input and Overloaded when the
+    priority's queue is at its cap; nothing is enqueued in either case."""
+    return submit_many([text], priority=priority, model=model, deadline_s=deadline_s)[0]
+
+
+def submit_many(
+    texts: Iterable[str],
+    *,
+    priority: str = "normal",
+    model: str | None = None,
+    deadline_s: float | None = None,
+) -> list[AsyncResult]:
+    """Queue several texts; results come back in input order. All are validated first,
+    so one bad text enqueues none of them."""
+    if isinstance(texts, str):
+        raise TypeError("submit_many takes a list of texts; use submit() for one text")
+    policy = _policy.get()
+    requests = [
+        accept(
+            t,
+            priority=priority,
+            model=model,
+            deadline_s=deadline_s,
+            policy=policy,
+            default_model=settings.DEFAULT_MODEL,
+        )
+        for t in texts
+    ]
+    if not requests:
+        return []
+    app = get_app()
+    queue = request_queue_name(priority)
+    entries, shown = [], []
+    for req in requests:
+        task_id, argsrepr = str(uuid.uuid4()), _argsrepr(req)
+        entries.append(
+            (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=argsrepr))
+        )
+        shown.append((task_id, argsrepr))
+    events = flower_events.sent(app, REQUEST_TASK, shown, queue) if settings.CELERY_TASK_SEND_SENT_EVENT else None
+    # The cap check, the ledger record, the push of every message and their task-sent
+    # events: one round trip.
+    accepted, depth = request_queues.admit(
+        shared_state.client(), priority, policy.queue_caps[priority], entries, events
+    )
+    if not accepted:
+        metrics.record_rejected(priority, len(entries))
+        # A rough guess: the queue drains at its share of a few hundred requests a second.
+        raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, depth / 200.0)))
+    results = []
+    for task_id, _ in entries:
+        # What send_task does for its result: subscribe now, so .get() misses nothing.
+        app.backend.on_task_call(None, task_id)
+        results.append(app.AsyncResult(task_id, task_name=REQUEST_TASK))
+    return results
+
+
+def _argsrepr(req: Request) -> str:
+    """What Flower shows as a request's arguments."""
+    text = req.text if len(req.text) <= 60 else req.text[:57] + "..."
+    return f"({text!r}, {req.tokens} tokens)"
+
+
+def details(result: AsyncResult | str) -> dict[str, Any]:
+    """What the system recorded about a finished request: batch, device, timings,
+    whether it was truncated. Empty while it is still pending."""
+    task_id = result if isinstance(result, str) else result.id
+    meta = get_app().backend.get_task_meta(task_id)
+    return dict(meta.get("batching") or {})

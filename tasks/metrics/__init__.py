@@ -1,0 +1,18 @@
+"""Metrics: counted where they happen (record.py), aggregated in Redis, read back as one
+Snapshot (snapshot.py) by /metrics and /dashboard/."""
+
+from .record import CollectorMetrics, record_batch, record_isolated, record_rejected
+from .schema import REQUEST_KINDS, SERIES_LEN
+from .snapshot import Snapshot, read, reset
+
+__all__ = [
+    "REQUEST_KINDS",
+    "SERIES_LEN",
+    "CollectorMetrics",
+    "Snapshot",
+    "read",
+    "record_batch",
+    "record_isolated",
+    "record_rejected",
+    "reset",
+]

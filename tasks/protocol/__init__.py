@@ -1,0 +1,1 @@
+"""What every process agrees on: names, message and result formats, Lua scripts."""

@@ -1,0 +1,30 @@
+-- The collector takes up to its window per tier into the held hashes, and drains the
+-- device events, in one call (tasks/store/request_queues.py::take).
+-- KEYS: the three queues, their three held hashes, the wake token, the events queue.
+-- ARGV: the window.
+redis.call('DEL', KEYS[7])
+local out = {}
+for t = 1, 3 do
+    local got = {}
+    local room = tonumber(ARGV[1]) - redis.call('HLEN', KEYS[3 + t])
+    if room > 0 then
+        local raws = redis.call('RPOP', KEYS[t], room)
+        if raws then
+            for _, raw in ipairs(raws) do
+                local ok, m = pcall(cjson.decode, raw)
+                if ok and type(m) == 'table' and type(m['headers']) == 'table'
+                        and type(m['headers']['id']) == 'string' then
+                    redis.call('HSET', KEYS[3 + t], m['headers']['id'], raw)
+                end
+                got[#got + 1] = raw
+            end
+        end
+    end
+    out[t] = got
+end
+local events = redis.call('LRANGE', KEYS[8], 0, -1)
+if #events > 0 then
+    redis.call('DEL', KEYS[8])
+end
+out[4] = events
+return out

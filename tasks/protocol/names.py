@@ -1,0 +1,87 @@
+"""Every name two processes must agree on: queues, task names, priorities and Redis keys.
+
+A name is spelled here and nowhere else (tests/unit/test_names.py greps the tree for
+stray literals), so a queue or key can be renamed in one line.
+"""
+
+from __future__ import annotations
+
+from ..core.policy import PRIORITIES
+
+__all__ = ["PRIORITIES"]
+
+# --- Celery task names -------------------------------------------------------------------
+
+#: One request: a Celery task message that the collector consumes itself.
+REQUEST_TASK = "tasks.request"
+#: One batch, run by whichever device worker is free.
+BATCH_TASK = "gpu_workers.run_batch"
+#: Callback of a chord of batches sent in one collector turn (tasks/collector/rounds.py).
+ROUND_TASK = "tasks.round_done"
+
+# --- queues --------------------------------------------------------------------------------
+
+#: collector -> any device worker.
+BATCH_QUEUE = "batches"
+#: device workers -> collector ("done", "slow", "hello").
+EVENTS_QUEUE = "collector.events"
+#: Celery's own queue for the collector worker (remote control, round_done).
+CONTROL_QUEUE = "collector.control"
+
+
+def request_queue_name(priority: str) -> str:
+    """client -> collector, one queue per priority tier."""
+    return f"requests.{priority}"
+
+
+def device_queue_name(device: str) -> str:
+    """collector -> one pinned device. Queue names become Redis keys: no ':'."""
+    return "device." + device.replace(":", "")
+
+
+# --- Redis keys ------------------------------------------------------------------------------
+
+PREFIX = "batching:"
+
+#: A list of at most one token: a request has arrived (wakes the collector).
+WAKE_KEY = PREFIX + "wake"
+
+
+def held_key(priority: str) -> str:
+    """Hash: request id -> message, taken by the collector and not yet in a batch."""
+    return f"{PREFIX}held:{priority}"
+
+
+#: Sorted set: accepted request id -> when it was (re)published (tasks/store/ledger.py).
+LEDGER_KEY = PREFIX + "ledger"
+#: Hash: accepted request id -> its task message, as it was queued.
+LEDGER_PAYLOADS_KEY = PREFIX + "ledger:payloads"
+#: Hash: counters of first answers and of refused second answers.
+ANSWERS_KEY = PREFIX + "answers"
+
+#: JSON of the active BatchPolicy (the admin writes it).
+POLICY_KEY = PREFIX + "policy"
+#: One key per live device worker, with a TTL (its heartbeat).
+DEVICE_PREFIX = PREFIX + "device:"
+#: Sorted set: device id -> time of its last heartbeat, an index of DEVICE_PREFIX keys.
+DEVICES_INDEX = PREFIX + "devices"
+#: The collector's own heartbeat.
+COLLECTOR_KEY = PREFIX + "collector"
+#: Fingerprints of inputs too slow to share a batch: they go to the slow lane.
+SLOW_INPUTS_KEY = PREFIX + "slow_inputs"
+#: Capped list of recorded rounds, newest first.
+ROUNDS_KEY = PREFIX + "rounds"
+
+#: Everything under this is a metric (tasks/metrics/).
+METRICS_PREFIX = PREFIX + "metrics:"
+METRICS_COUNTERS_KEY = METRICS_PREFIX + "counters"
+METRICS_HIST_PREFIX = METRICS_PREFIX + "hist:"
+METRICS_RUN_DEVICES_KEY = METRICS_PREFIX + "run_devices"
+METRICS_SERIES_KEY = METRICS_PREFIX + "series"
+METRICS_RECENT_FAILED_KEY = METRICS_PREFIX + "recent:failed"
+METRICS_RECENT_SLOW_KEY = METRICS_PREFIX + "recent:slow"
+
+# --- Celery's event stream (what Flower reads) ------------------------------------------------
+
+EVENTS_EXCHANGE = "celeryev"
+EVENTS_ROUTING_KEY = "task.multi"

@@ -1,0 +1,73 @@
+"""Writing each request's final outcome under its own task id, exactly once.
+
+The collector (deadline errors) and device workers (results, per-request errors) both
+write here. Outcomes are stored in Celery's own result format, so a caller's plain
+`AsyncResult(id).get()` returns the value or raises the request's own exception.
+
+Writes are idempotent: a Lua script sets the key only if it is absent and publishes
+only then. A batch redelivered after a crash, or run twice, can never answer a caller
+twice or overwrite the first answer; `missing()` lets a redelivered batch skip requests
+that already have one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery.app.base import Celery
+from django.conf import settings
+from redis.commands.core import Script
+
+from ..protocol import lua
+from ..protocol.names import ANSWERS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY
+from ..protocol.results import Outcome, result_meta
+
+# Built once: a Script keeps its SHA and runs on whichever client (or pipeline) each
+# call names, so no write rebuilds it.
+_SET_ONCE_SCRIPT = Script(None, lua.source("set_once"))
+
+
+class OutcomeWriter:
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+
+    @property
+    def _backend(self) -> Any:
+        # app.backend is per thread in Celery, and so is its Redis connection.
+        return self._app.backend
+
+    def missing(self, task_ids: Sequence[str]) -> set[str]:
+        """The ids among these that have no final outcome yet."""
+        if not task_ids:
+            return set()
+        backend = self._backend
+        values = backend.client.mget([backend.get_key_for_task(t) for t in task_ids])
+        return {t for t, v in zip(task_ids, values, strict=True) if v is None}
+
+    def write(self, outcomes: Sequence[Outcome], *, also: Callable[[Any], None] | None = None) -> int:
+        """Store every outcome in one round trip. Returns how many were new.
+        `also(pipeline)` adds the caller's own commands to the same round trip."""
+        if not outcomes and also is None:
+            return 0
+        backend = self._backend
+        pipe = backend.client.pipeline(transaction=False)
+        done = self._app.now().isoformat()
+        for o in outcomes:
+            if o.error is None:
+                expires = backend.expires
+            else:
+                expires = getattr(backend, "failure_expires", None) or backend.expires
+            _SET_ONCE_SCRIPT(
+                keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY],
+                args=[
+                    backend.encode(result_meta(o, backend, done)),
+                    int(expires or settings.CELERY_RESULT_EXPIRES),
+                    o.task_id,
+                ],
+                client=pipe,
+            )
+        if also is not None:
+            also(pipe)
+        results = pipe.execute()
+        return sum(int(x) for x in results[: len(outcomes)])

@@ -1,0 +1,179 @@
+"""The request queues in Redis: the edge puts requests in, the collector takes them out.
+
+Each tier has a list of waiting request messages (newest on the left) and a held hash
+of the ones the collector has taken and not yet sent in a batch (its "unacked"
+requests). The three steps of the hot path are each one Lua script or one transaction,
+atomic and one round trip however many requests they move:
+
+- `admit` (the edge): check the tier's depth against its cap, record the requests in
+  the ledger (tasks/store/ledger.py), push their messages and the wake token, and publish
+  their task-sent events. All of a `submit_many` is accepted, or none of it.
+- `take` (the collector): move up to its window of messages per tier from the queue
+  into the held hash, and drain the devices' done events, in one call.
+- `dispatch` (the collector): push a batch task for the devices and strike its requests
+  off the held hash, in one transaction, so no request is ever both held and sent.
+
+A tier's depth is LLEN(queue) + HLEN(held): every accepted request of that tier not
+yet handed to a device. The edge admits against exactly that, atomically, so a queue
+cap is a hard bound. A collector that dies leaves its held requests in Redis; the next
+one adopts them (`held`), so nothing waits for a visibility timeout and nothing is
+lost between popping a message and recording it, as it can be with kombu's BRPOP.
+
+The repairs off the hot path, `release` (a collector shutting down) and `republish`
+(the ledger sweep), take two round trips each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from ..protocol import events as flower_events
+from ..protocol import lua, wire
+from ..protocol.events import Events
+from ..protocol.names import (
+    EVENTS_QUEUE,
+    LEDGER_KEY,
+    LEDGER_PAYLOADS_KEY,
+    PRIORITIES,
+    WAKE_KEY,
+    held_key,
+    request_queue_name,
+)
+from . import ledger
+
+# Built once: a Script keeps its SHA and runs on whichever client each call names.
+_ADMIT_SCRIPT = Script(None, lua.source("admit"))
+_TAKE_SCRIPT = Script(None, lua.source("take"))
+
+
+def admit(
+    r: redis.Redis,
+    priority: str,
+    cap: int,
+    entries: Sequence[tuple[str, str]],
+    events: Events | None = None,
+) -> tuple[bool, int]:
+    """Enqueue `entries` (id, message) unless the tier would pass its cap, and then
+    publish their task-sent `events`. Returns (accepted, depth before)."""
+    args: list[Any] = [cap, time.time()]
+    if events:
+        channels = flower_events.topics(events.app)
+        args += [events.message(), len(channels), *channels]
+    else:
+        args += ["", 0]
+    for task_id, raw in entries:
+        args += [task_id, raw]
+    keys = [request_queue_name(priority), held_key(priority), LEDGER_KEY, LEDGER_PAYLOADS_KEY, WAKE_KEY]
+    ok, depth = _ADMIT_SCRIPT(keys=keys, args=args, client=r)
+    return bool(ok), int(depth)
+
+
+def take(r: redis.Redis, window: int) -> tuple[dict[str, list[bytes]], list[bytes]]:
+    """Up to `window` held per tier: the newly taken messages of each tier, oldest
+    first, and the waiting events, oldest first."""
+    keys = [
+        *(request_queue_name(p) for p in PRIORITIES),
+        *(held_key(p) for p in PRIORITIES),
+        WAKE_KEY,
+        EVENTS_QUEUE,
+    ]
+    *tiers, events = _TAKE_SCRIPT(keys=keys, args=[window], client=r)
+    return dict(zip(PRIORITIES, tiers, strict=True)), list(reversed(events))
+
+
+def wait(r: redis.Redis, timeout_s: float, *, requests: bool) -> bytes | None:
+    """Block until a request arrives (when `requests`), an event arrives, or the
+    timeout passes. Returns an event's message if one was popped."""
+    keys = [WAKE_KEY, EVENTS_QUEUE] if requests else [EVENTS_QUEUE]
+    popped = r.brpop(keys, timeout=max(0.001, timeout_s))
+    if popped and popped[0].decode() == EVENTS_QUEUE:
+        return popped[1]
+    return None
+
+
+def held(r: redis.Redis) -> dict[str, list[bytes]]:
+    """Every held message per tier: what a previous collector took and never sent."""
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.hvals(held_key(p))
+    return dict(zip(PRIORITIES, pipe.execute(), strict=True))
+
+
+def _strike(pipe: Any, items: Iterable[tuple[str, str]]) -> None:
+    by_tier: dict[str, list[str]] = {}
+    for priority, task_id in items:
+        by_tier.setdefault(priority, []).append(task_id)
+    for priority, ids in by_tier.items():
+        pipe.hdel(held_key(priority), *ids)
+
+
+def ack(r: redis.Redis, items: Iterable[tuple[str, str]]) -> None:
+    """Strike (priority, id) requests off the held hashes: they have their outcome."""
+    pipe = r.pipeline(transaction=False)
+    _strike(pipe, items)
+    pipe.execute()
+
+
+def dispatch(
+    r: redis.Redis, queue: str, message: str, items: Iterable[tuple[str, str]], events: Events | None = None
+) -> None:
+    """Push one batch task message and strike its requests off, atomically (and
+    publish its task-sent event)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.lpush(queue, message)
+    _strike(pipe, items)
+    if events:
+        events.publish_on(pipe)
+    pipe.execute()
+
+
+def release(r: redis.Redis, items: Sequence[tuple[str, str]]) -> None:
+    """Put held (priority, id) requests back at the head of their queues, the first of
+    `items` last so it is taken first, for the next collector."""
+    pipe = r.pipeline(transaction=False)
+    for priority, task_id in items:
+        pipe.hget(held_key(priority), task_id)
+    raws = pipe.execute()
+    pipe = r.pipeline(transaction=True)
+    for (priority, task_id), raw in reversed(list(zip(items, raws, strict=True))):
+        if raw is not None:
+            pipe.rpush(request_queue_name(priority), raw)
+            pipe.hdel(held_key(priority), task_id)
+    pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
+    pipe.execute()
+
+
+def republish(r: redis.Redis, entries: Sequence[tuple[str, str, bytes]]) -> None:
+    """Push (priority, id, message) requests again: the ledger sweep's repair."""
+    if not entries:
+        return
+    pipe = r.pipeline(transaction=False)
+    for priority, _task_id, raw in entries:
+        pipe.lpush(request_queue_name(priority), raw)
+    pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
+    pipe.execute()
+    ledger.touch(r, [task_id for _, task_id, _ in entries])
+
+
+def depths(r: redis.Redis) -> dict[str, int]:
+    """Each tier's depth: waiting in its queue plus held by the collector."""
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.llen(request_queue_name(p))
+        pipe.hlen(held_key(p))
+    values = pipe.execute()
+    return {p: int(values[2 * i]) + int(values[2 * i + 1]) for i, p in enumerate(PRIORITIES)}
+
+
+def queue_of(raw: bytes | str) -> str | None:
+    """The tier a stored request message was published for."""
+    routing = wire.routing_key(raw)
+    for p in PRIORITIES:
+        if routing == request_queue_name(p):
+            return p
+    return None

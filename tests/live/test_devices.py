@@ -1,0 +1,178 @@
+"""Devices: one worker process per device, pulling one batch at a time, each with its own
+queue for pinned work; a CUDA out-of-memory error fails only the inputs that cause it
+and never the worker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
+from celery.result import AsyncResult
+from django.conf import settings
+
+from batching_site.celery import app
+from batching_site.harness import LocalSystem
+from batching_site.processes import default_devices, device_command
+from gpu_workers.models import synthetic
+from gpu_workers.models.base import BatchRunner
+from gpu_workers.runner import DeviceRunner
+from tasks.collector.loop import Collector
+from tasks.core.errors import InferenceError
+from tasks.edge.client import details
+from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
+from tasks.store.connection import connect
+
+# --- how device workers are started ----------------------------------------------------
+
+
+def test_device_worker_pulls_one_batch_at_a_time_from_shared_and_own_queue() -> None:
+    cmd = device_command("cuda:1")
+    assert cmd[cmd.index("--device") + 1] == "cuda:1"
+    assert cmd[cmd.index("-Q") + 1] == "batches,device.cuda1"
+    assert cmd[cmd.index("-P") + 1] == "solo"
+    assert cmd[cmd.index("-c") + 1] == "1"
+    assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"
+
+
+def test_devices_setting_wins_else_every_cuda_device_else_two_cpus() -> None:
+    assert default_devices(["cuda:3"]) == ["cuda:3"]
+    if torch.cuda.is_available():
+        assert default_devices([]) == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    else:
+        assert default_devices([]) == ["cpu:0", "cpu:1"]
+
+
+def test_push_baseline_deals_batches_round_robin_and_pull_uses_the_shared_queue() -> None:
+    collector = Collector(app)
+    collector.device_names = ["cpu:0", "cpu:1"]
+    assert collector.dispatch == "pull"
+    assert {collector._queue() for _ in range(4)} == {BATCH_QUEUE}
+    collector.dispatch = "push"
+    assert [collector._queue() for _ in range(4)] == ["device.cpu0", "device.cpu1"] * 2
+
+
+# --- CUDA out of memory ---------------------------------------------------------------
+
+
+class OutOfMemoryAbove(BatchRunner):
+    """Raises torch's real CUDA OOM error for batches above `fits` inputs, and for any
+    batch holding an input marked "huge"; answers like the synthetic model otherwise."""
+
+    def __init__(self, fits: int) -> None:
+        self.device = "cuda:0"
+        self.fits = fits
+        self.calls: list[int] = []
+        self.cleanups = 0
+
+    def run_batch(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(len(texts))
+        if len(texts) > self.fits or any("huge" in t for t in texts):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return [synthetic.embed(t) for t in texts]
+
+    def after_failure(self, exc: BaseException) -> None:
+        assert isinstance(exc, torch.cuda.OutOfMemoryError)
+        self.cleanups += 1
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def bare_runner() -> Iterator[DeviceRunner]:
+    """A DeviceRunner on its own Redis (no collector, no other device), so its
+    heartbeat and outcomes touch nothing else."""
+    previous = settings.REDIS_URL
+    system = LocalSystem()
+    runner = None
+    try:
+        system.start_redis()
+        assert system.redis_url
+        connect(system.redis_url)
+        runner = DeviceRunner(app, "cpu:7", preload=())
+        yield runner
+    finally:
+        if runner is not None:
+            runner.close()
+        system.close()
+        connect(previous)
+
+
+def batch_of(texts: list[str]) -> dict[str, object]:
+    now = time.time()
+    requests = [
+        {
+            "id": str(uuid.uuid4()),
+            "text": t,
+            "tokens": len(t.split()) + 2,
+            "priority": "normal",
+            "submitted_at": now,
+            "deadline_at": None,
+            "truncated": False,
+            "waited_s": 0.0,
+        }
+        for t in texts
+    ]
+    return {
+        "batch_id": str(uuid.uuid4()),
+        "model": "synthetic",
+        "requests": requests,
+        "padded_tokens": len(texts) * max(r["tokens"] for r in requests),
+        "real_tokens": sum(r["tokens"] for r in requests),
+        "dispatched_at": now,
+    }
+
+
+def outcome(request: dict[str, object]) -> AsyncResult:
+    return AsyncResult(str(request["id"]), app=app)
+
+
+def test_oom_on_a_big_batch_is_bisected_until_it_fits(bare_runner: DeviceRunner) -> None:
+    model = bare_runner._models["synthetic"] = OutOfMemoryAbove(fits=4)
+    texts = [f"text {i}" for i in range(16)]
+    batch = batch_of(texts)
+    bare_runner.execute(batch)
+    assert model.calls == [16, 8, 4, 4, 8, 4, 4]
+    # Cached memory is released after each failed attempt, before its halves run.
+    assert model.cleanups == 3
+    for req, text in zip(batch["requests"], texts, strict=True):  # type: ignore[call-overload]
+        assert outcome(req).get(timeout=5) == synthetic.embed(text)
+
+
+def test_oom_caused_by_one_input_fails_only_that_input_and_the_worker_goes_on(bare_runner: DeviceRunner) -> None:
+    bare_runner._models["synthetic"] = OutOfMemoryAbove(fits=64)
+    texts = [f"text {i}" for i in range(8)]
+    texts[5] = "a huge input"
+    batch = batch_of(texts)
+    summary = bare_runner.execute(batch)
+    assert summary["written"] == 8
+    for req, text in zip(batch["requests"], texts, strict=True):  # type: ignore[call-overload]
+        if text == "a huge input":
+            with pytest.raises(InferenceError, match="OutOfMemoryError"):
+                outcome(req).get(timeout=5)
+        else:
+            assert outcome(req).get(timeout=5) == synthetic.embed(text)
+
+    # The same runner (the same worker process) takes the next batch as if nothing happened.
+    after = batch_of(["next batch one", "next batch two"])
+    bare_runner.execute(after)
+    assert [outcome(r).get(timeout=5) for r in after["requests"]] == [  # type: ignore[attr-defined]
+        synthetic.embed("next batch one"),
+        synthetic.embed("next batch two"),
+    ]
+
+
+# --- pinned work ------------------------------------------------------------------------
+
+
+@pytest.mark.live
+def test_work_pinned_to_a_device_queue_runs_on_that_device(live_system: LocalSystem) -> None:
+    for device in ("cpu:0", "cpu:1"):
+        batch = batch_of([f"pinned to {device} #{i}" for i in range(3)])
+        app.send_task(BATCH_TASK, args=[batch], task_id=batch["batch_id"], queue=device_queue_name(device))
+        for req in batch["requests"]:  # type: ignore[attr-defined]
+            assert outcome(req).get(timeout=30) == synthetic.embed(req["text"])
+            assert details(req["id"])["device"].startswith(device + "@")

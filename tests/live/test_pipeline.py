@@ -1,0 +1,146 @@
+"""End to end through real Redis and real worker processes: each caller gets its own
+answer, in order, and bad input fails at the edge with nothing enqueued."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import uuid
+
+import numpy as np
+import pytest
+from celery.result import AsyncResult
+
+from batching_site.celery import app
+from gpu_workers.models import synthetic
+from tasks.core.errors import InferenceError
+from tasks.edge.client import details, submit, submit_many
+from tasks.protocol import wire
+from tasks.protocol.names import PRIORITIES, REQUEST_TASK, request_queue_name
+from tasks.store import request_queues
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=False)]
+
+WORDS = "alpha beta gamma delta kernel tensor batch queue worker device token budget latency".split()
+
+
+def distinct_texts(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        length = rng.choice([3] * 7 + [30] * 2 + [120])  # mostly short, some long
+        texts.append(f"request {i}: " + " ".join(rng.choice(WORDS) for _ in range(length)))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def minilm():  # type: ignore[no-untyped-def]
+    from gpu_workers.models import get_spec
+
+    runner = get_spec("minilm").load("cpu")
+    yield runner
+    runner.close()
+
+
+def test_many_threads_each_get_their_own_minilm_embedding(live_system, minilm) -> None:  # type: ignore[no-untyped-def]
+    texts = distinct_texts(16 * 25)
+    answers: dict[int, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def caller(t: int) -> None:
+        try:
+            for i in range(t * 25, (t + 1) * 25):
+                answers[i] = submit(texts[i]).get(timeout=120)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not errors, errors[:3]
+    assert sorted(answers) == list(range(len(texts)))
+
+    # Expected: each text encoded alone. Batching and padding must not change it.
+    for i in random.Random(1).sample(range(len(texts)), 60):
+        expected = minilm.run_batch([texts[i]])[0]
+        got = np.asarray(answers[i])
+        assert got.shape == (384,)
+        assert np.max(np.abs(got - np.asarray(expected))) < 1e-4, f"text {i} got another caller's answer"
+
+
+def test_submit_many_keeps_input_order(live_system) -> None:  # type: ignore[no-untyped-def]
+    texts = distinct_texts(120, seed=3)
+    results = submit_many(texts, model="synthetic")
+    assert [r.get(timeout=60) for r in results] == [synthetic.embed(t) for t in texts]
+    assert len({details(r)["batch_id"] for r in results}) < len(texts), "nothing was batched"
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "error"),
+    [
+        ("", {}, ValueError),
+        ("   \n\t", {}, ValueError),
+        (42, {}, TypeError),
+        (None, {}, TypeError),
+        ("fine text", {"priority": "urgent"}, ValueError),
+        ("fine text", {"model": "gpt-5"}, ValueError),
+        ("fine text", {"deadline_s": -1}, ValueError),
+    ],
+)
+def test_bad_input_raises_and_enqueues_nothing(live_system, redis_client, text, kwargs, error) -> None:  # type: ignore[no-untyped-def]
+    before = [redis_client.llen(request_queue_name(p)) for p in PRIORITIES]
+    with pytest.raises(error):
+        submit(text, **kwargs)
+    with pytest.raises(error):
+        submit_many(["a good one", text], **kwargs)
+    assert [redis_client.llen(request_queue_name(p)) for p in PRIORITIES] == before
+
+
+def test_one_poison_input_fails_alone(live_system) -> None:  # type: ignore[no-untyped-def]
+    texts = [f"healthy input {i}" for i in range(31)]
+    texts.insert(17, "this one is poison !fail")
+    results = submit_many(texts, model="synthetic")
+    for text, r in zip(texts, results, strict=True):
+        if "!fail" in text:
+            with pytest.raises(InferenceError, match="PoisonInput"):
+                r.get(timeout=60)
+            assert r.state == "FAILURE"
+        else:
+            assert r.get(timeout=60) == synthetic.embed(text)
+            assert r.state == "SUCCESS"
+
+
+def test_every_priority_is_served(live_system) -> None:  # type: ignore[no-untyped-def]
+    for p in PRIORITIES:
+        r = submit(f"a {p} request", priority=p, model="synthetic")
+        assert r.get(timeout=60) == synthetic.embed(f"a {p} request")
+        assert details(r)["priority"] == p
+
+
+def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(live_system, redis_client) -> None:  # type: ignore[no-untyped-def]
+    # What a buggy or foreign producer might put on a request queue: a body that is not
+    # a request, a message for another task, and bytes that are not a message at all.
+    queue = request_queue_name("normal")
+    bad_body = str(uuid.uuid4())
+    wrong_task = str(uuid.uuid4())
+    raws = [
+        wire.task_message(app, REQUEST_TASK, bad_body, [{"text": "no tokens field"}], queue),
+        wire.task_message(app, "some.other.task", wrong_task, [{}], queue),
+        "not a message at all",
+    ]
+    redis_client.lpush(queue, *raws)
+    redis_client.lpush("collector.events", "not an event either", json.dumps({"body": "bm90IGpzb24="}))
+    redis_client.lpush(request_queues.WAKE_KEY, 1)
+
+    with pytest.raises(ValueError, match="malformed request message"):
+        AsyncResult(bad_body, app=app).get(timeout=30)
+    with pytest.raises(ValueError, match="not a request message"):
+        AsyncResult(wrong_task, app=app).get(timeout=30)
+    # Nothing of them is left held, and the collector goes on serving.
+    assert request_queues.held(redis_client)["normal"] == []
+    assert submit("after the bad messages", model="synthetic").get(timeout=30) == synthetic.embed(
+        "after the bad messages"
+    )

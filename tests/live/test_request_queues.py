@@ -1,0 +1,119 @@
+"""The request queues' scripts, against a real Redis with nothing consuming it: what the
+edge queues, what the collector takes, holds, sends and puts back.
+
+The messages are the ones `send_task` would write, so kombu can read them back as it
+would for a worker (checked here with kombu's own Message).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from kombu.transport.virtual.base import Message
+
+from batching_site.celery import app
+from tasks.protocol import wire
+from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE, REQUEST_TASK, request_queue_name
+from tasks.store import ledger, request_queues, shared_state
+
+
+def messages(priority: str, n: int, tag: str = "m") -> list[tuple[str, str]]:
+    queue = request_queue_name(priority)
+    out = []
+    for i in range(n):
+        task_id = str(uuid.uuid4())
+        body = {"text": f"{tag} {i}", "priority": priority}
+        out.append((task_id, wire.task_message(app, REQUEST_TASK, task_id, [body], queue, argsrepr=f"{tag} {i}")))
+    return out
+
+
+@pytest.fixture
+def r(bare_redis: Any) -> Any:
+    return shared_state.client()
+
+
+def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_redis: Any) -> None:
+    task_id, raw = messages("high", 1)[0]
+    payload = json.loads(raw)
+    message = Message(payload, channel=app.connection_for_read().default_channel)
+    assert message.headers["task"] == REQUEST_TASK and message.headers["id"] == task_id
+    assert message.delivery_info["routing_key"] == "requests.high"
+    assert message.decode() == [
+        [{"text": "m 0", "priority": "high"}],
+        {},
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    ]
+    decoded = wire.decode(raw)
+    assert (decoded.task, decoded.task_id, decoded.args[0]["text"]) == (REQUEST_TASK, task_id, "m 0")
+
+
+def test_admit_queues_records_and_wakes_or_refuses_all(r: Any) -> None:
+    batch = messages("low", 3)
+    assert request_queues.admit(r, "low", 4, batch) == (True, 0)
+    assert r.llen("requests.low") == 3 and r.llen(request_queues.WAKE_KEY) == 1
+    assert ledger.size(r) == 3
+    # Two more would pass the cap of 4: neither is queued, nothing is recorded.
+    assert request_queues.admit(r, "low", 4, messages("low", 2)) == (False, 3)
+    assert r.llen("requests.low") == 3 and ledger.size(r) == 3
+    # Caps are per tier.
+    assert request_queues.admit(r, "high", 4, messages("high", 2))[0]
+
+
+def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(r: Any) -> None:
+    queued = messages("normal", 5)
+    assert request_queues.admit(r, "normal", 5, queued)[0]
+    tiers, events = request_queues.take(r, 3)
+    assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in queued[:3]]
+    assert tiers["high"] == tiers["low"] == [] and events == []
+    assert r.llen(request_queues.WAKE_KEY) == 0
+    # Held requests still count: the tier is full.
+    assert request_queues.depths(r) == {"high": 0, "normal": 5, "low": 0}
+    assert not request_queues.admit(r, "normal", 5, messages("normal", 1))[0]
+    # The window is full until something is sent: a second take takes nothing more.
+    assert request_queues.take(r, 3)[0]["normal"] == []
+    assert len(request_queues.held(r)["normal"]) == 3
+
+
+def test_dispatch_sends_the_batch_and_strikes_its_requests_together(r: Any) -> None:
+    queued = messages("high", 2)
+    request_queues.admit(r, "high", 10, queued)
+    request_queues.take(r, 10)
+    batch = wire.task_message(app, BATCH_TASK, "b1", [{"requests": []}], BATCH_QUEUE)
+    request_queues.dispatch(r, BATCH_QUEUE, batch, [("high", t) for t, _ in queued])
+    assert request_queues.held(r)["high"] == []
+    assert r.lrange(BATCH_QUEUE, 0, -1) == [batch.encode()]
+    assert request_queues.depths(r)["high"] == 0
+
+
+def test_release_puts_held_requests_back_at_the_head_in_order(r: Any) -> None:
+    first = messages("normal", 3, "first")
+    request_queues.admit(r, "normal", 10, first)
+    request_queues.take(r, 10)
+    later = messages("normal", 2, "later")
+    request_queues.admit(r, "normal", 10, later)
+    request_queues.release(r, [("normal", t) for t, _ in first])
+    tiers, _ = request_queues.take(r, 10)
+    assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in first + later]
+
+
+def test_take_drains_events_oldest_first(r: Any) -> None:
+    with app.producer_or_acquire() as producer:
+        from tasks.protocol.wire import publish_event
+
+        for i in range(3):
+            publish_event(producer, {"kind": "done", "batch_id": f"b{i}"}, EVENTS_QUEUE)
+    _, events = request_queues.take(r, 10)
+    assert [wire.body(e)["batch_id"] for e in events] == ["b0", "b1", "b2"]
+    assert request_queues.take(r, 10)[1] == []
+
+
+def test_a_message_without_an_id_is_returned_but_never_held(r: Any) -> None:
+    r.lpush("requests.low", "not json at all", json.dumps({"headers": {}, "body": "e30="}))
+    tiers, _ = request_queues.take(r, 10)
+    assert len(tiers["low"]) == 2
+    assert request_queues.held(r)["low"] == []
+    with pytest.raises(ValueError, match="not a task message"):
+        wire.decode(tiers["low"][0])

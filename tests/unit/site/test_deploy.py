@@ -1,0 +1,131 @@
+"""The deployment files: docker-compose.yml validates with Debian's docker-compose (no
+engine needed), takes every credential from the env file, gives every long-running
+service a health check and every GPU worker its own GPU; the GPU check script parses."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batching_site import processes, serve
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+NO_COMPOSE = (
+    "docker-compose is not installed (`make test` installs Debian's package; or apt-get install docker-compose)"
+)
+
+
+def compose(env_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip(NO_COMPOSE)
+    # A clean environment: a variable exported in the shell would mask a missing one.
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+    return subprocess.run(
+        [binary, "--env-file", str(env_file), "-f", str(COMPOSE), "--project-directory", str(ROOT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def required_vars() -> list[str]:
+    return [
+        line.split("=", 1)[0]
+        for line in ENV_EXAMPLE.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_compose_file_validates_with_the_example_env() -> None:
+    result = compose(ENV_EXAMPLE, "config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("var", ["REDIS_PASSWORD", "POSTGRES_PASSWORD", "DJANGO_SECRET_KEY", "FLOWER_BASIC_AUTH"])
+def test_a_missing_credential_stops_compose_and_names_it(var: str, tmp_path: Path) -> None:
+    assert var in required_vars()
+    env_file = tmp_path / "env"
+    env_file.write_text(
+        "".join(f"{line}\n" for line in ENV_EXAMPLE.read_text().splitlines() if not line.startswith(var))
+    )
+    result = compose(env_file, "config", "-q")
+    assert result.returncode != 0
+    assert f"set {var}" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    result = compose(ENV_EXAMPLE, "config")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_every_long_running_service_has_a_health_check(resolved: dict[str, Any]) -> None:
+    services = resolved["services"]
+    assert {"redis", "postgres", "web", "collector", "flower", "gpu-0", "gpu-1"} <= set(services)
+    for name, svc in services.items():
+        if name != "migrate":  # a one-shot job
+            assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
+    assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
+    assert "redis-cli ping" in " ".join(services["redis"]["healthcheck"]["test"])
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+    for name in ("collector", "gpu-0", "gpu-1"):
+        assert "inspect ping -d" in " ".join(services[name]["healthcheck"]["test"])
+
+
+def test_each_gpu_worker_reserves_its_own_gpu_and_mounts_the_model_cache(resolved: dict[str, Any]) -> None:
+    gpus = {n: s for n, s in resolved["services"].items() if n.startswith("gpu-")}
+    seen: set[str] = set()
+    for name, svc in gpus.items():
+        (reservation,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert reservation["driver"] == "nvidia"
+        assert "gpu" in reservation["capabilities"]
+        (gpu,) = reservation["device_ids"]
+        assert gpu not in seen, f"{name} shares GPU {gpu}"
+        seen.add(gpu)
+        assert any(v.startswith("model-cache:") for v in svc["volumes"])
+        assert svc["command"][-2:] == ["device", "cuda:0"]  # the reserved GPU, as the container sees it
+
+
+def test_services_run_the_tested_command_lines_and_persist_redis(resolved: dict[str, Any]) -> None:
+    services = resolved["services"]
+    assert services["web"]["command"][-1] == "web"  # gunicorn, see serve.gunicorn_command
+    assert services["collector"]["command"][-1] == "collector"
+    assert "--appendonly yes" in " ".join(services["redis"]["command"])
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+    # Every secret-looking setting is interpolated from .env, never written here.
+    for line in COMPOSE.read_text().splitlines():
+        m = re.match(r"\s*(\w*(PASSWORD|SECRET|AUTH)\w*):\s*(\S+)", line)
+        if m:
+            assert m.group(3).startswith("${"), f"{m.group(1)} is hard-coded in docker-compose.yml"
+
+
+def test_serve_roles_exec_the_same_commands_as_make_run_and_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert serve.command(["device", "cuda:1"]) == processes.device_command("cuda:1")
+    assert serve.command(["device", "cuda:0", "--preload", "minilm"]) == processes.device_command(
+        "cuda:0", preload="minilm"
+    )
+    assert serve.command(["collector"]) == processes.collector_command()
+    web = serve.command(["web"])
+    assert web[1:4] == ["-m", "gunicorn", "batching_site.wsgi:application"]
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    with pytest.raises(SystemExit):
+        serve.command(["flower"])
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "user:secret")
+    assert serve.command(["flower"])[-1] == "--address=0.0.0.0"
+
+
+def test_gpu_check_script_is_valid_bash() -> None:
+    result = subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
