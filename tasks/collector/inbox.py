@@ -31,6 +31,8 @@ def parse_request(raw: bytes, priority: str) -> tuple[str, Request]:
         raise ValueError("the message has no task id")
     if message.task != REQUEST_TASK:
         raise ValueError(f"not a request message: task {message.task!r}")
+    if len(message.args) != 1 or not isinstance(message.args[0], dict):
+        raise ValueError("a request message carries one argument, the request")
     request = Request.from_message(message.args[0])
     if request.priority != priority:
         raise ValueError(f"priority {request.priority!r} queued on the {priority!r} queue")

@@ -171,8 +171,15 @@ class Collector:
     # --- messages in ----------------------------------------------------------------
 
     def _on_request(self, raw: bytes, priority: str) -> None:
+        # Anything about one message's content that raises (a malformed envelope, a lone
+        # surrogate in its text, a field of the wrong type) is that request's own error:
+        # the loop goes on, and a message that is adopted again cannot crash it again.
         try:
             task_id, request = inbox.parse_request(raw, priority)
+            if task_id in self.held:
+                return  # queued again by the ledger sweep while we hold it: keep one copy
+            slow = fingerprint(request.model, request.text) in self.slow_inputs
+            item = inbox.to_item(task_id, request, now=self.clock.now(), slow=slow)
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
             bad_id = wire.task_id_of(raw)
             log.error("rejecting malformed request message %s: %s", bad_id, exc)
@@ -181,10 +188,6 @@ class Collector:
                 request_queues.ack(self.redis, [(priority, bad_id)])
             self.stats["rejected"] += 1
             return
-        if task_id in self.held:
-            return  # queued again by the ledger sweep while we hold it: keep one copy
-        slow = fingerprint(request.model, request.text) in self.slow_inputs
-        item = inbox.to_item(task_id, request, now=self.clock.now(), slow=slow)
         sched = self.schedulers.get(request.model)
         if sched is None:
             sched = self.schedulers[request.model] = Scheduler(self.policy, self.clock.now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 
@@ -27,4 +28,22 @@ class Request:
 
     @classmethod
     def from_message(cls, data: dict[str, object]) -> Request:
-        return cls(**data)  # type: ignore[arg-type]
+        """The request a message carries. Raises ValueError or TypeError naming the
+        field when the message was not written by the edge."""
+        request = cls(**data)  # type: ignore[arg-type]
+        number = (int, float)
+        checks = {
+            "text": isinstance(request.text, str),
+            "tokens": isinstance(request.tokens, int) and not isinstance(request.tokens, bool) and request.tokens > 0,
+            "model": isinstance(request.model, str),
+            "priority": isinstance(request.priority, str),
+            "submitted_at": isinstance(request.submitted_at, number) and math.isfinite(request.submitted_at),
+            "deadline_at": request.deadline_at is None
+            or (isinstance(request.deadline_at, number) and math.isfinite(request.deadline_at)),
+            "truncated": isinstance(request.truncated, bool),
+            "alone": isinstance(request.alone, bool),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"request field(s) of the wrong type or range: {', '.join(bad)}")
+        return request

@@ -115,9 +115,9 @@ def decode(raw: bytes | str) -> Decoded:
         envelope = json.loads(raw)
         headers = envelope.get("headers") or {}
         args, kwargs, _embed = _body_of(envelope)
+        return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a task message: {exc}") from exc
-    return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
 
 
 def _body_of(envelope: dict[str, Any]) -> Any:
@@ -125,16 +125,21 @@ def _body_of(envelope: dict[str, Any]) -> Any:
         data = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             data = base64.b64decode(data)
+        return json.loads(data)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"no message body: {exc!r}") from exc
-    return json.loads(data)
 
 
 def task_id_of(raw: bytes | str) -> str | None:
+    """The task id of a stored message, if it has one that can name a Redis key."""
     try:
-        return (json.loads(raw).get("headers") or {}).get("id")
-    except (TypeError, ValueError, AttributeError):
-        return None
+        task_id = (json.loads(raw).get("headers") or {}).get("id")
+        if isinstance(task_id, str) and task_id:
+            task_id.encode()  # a lone surrogate cannot be sent to Redis
+            return task_id
+    except (TypeError, ValueError, AttributeError):  # UnicodeEncodeError is a ValueError
+        pass
+    return None
 
 
 def routing_key(raw: bytes | str) -> str | None:

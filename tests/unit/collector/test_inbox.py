@@ -1,0 +1,156 @@
+"""The collector's inbox: request messages and device events, well-formed or not."""
+
+from __future__ import annotations
+
+import base64
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from batching_site.celery import app
+from tasks.collector import inbox
+from tasks.collector.inbox import Held, parse_event, parse_request, to_item
+from tasks.protocol import wire
+from tasks.protocol.names import EVENTS_QUEUE, REQUEST_TASK, request_queue_name
+from tasks.protocol.request import Request
+
+REQ = Request(text="hello", tokens=3, model="synthetic", priority="normal", submitted_at=100.0, deadline_at=130.0)
+
+
+def message(args: list, *, task: str = REQUEST_TASK, task_id: str = "req-1") -> bytes:
+    return wire.task_message(app, task, task_id, args, request_queue_name("normal")).encode()
+
+
+def raw_envelope(body: object, headers: object) -> bytes:
+    return json.dumps({"body": json.dumps(body), "headers": headers}).encode()
+
+
+def test_parse_request_round_trips_a_request() -> None:
+    assert parse_request(message([REQ.to_message()]), "normal") == ("req-1", REQ)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(message([REQ.to_message()], task="other.task"), id="wrong task name"),
+        pytest.param(message([REQ.to_message()], task_id=""), id="missing id"),
+        pytest.param(raw_envelope([[REQ.to_message()], {}, {}], {"task": REQUEST_TASK}), id="no id header"),
+        pytest.param(b"\xff\xfe not json", id="garbage bytes"),
+        pytest.param(b"[1, 2]", id="a JSON list"),
+        pytest.param("\ud800", id="lone surrogate text"),
+        pytest.param(message(["not a dict"]), id="argument not a dict"),
+        pytest.param(message([{"bogus": 1}]), id="unknown fields"),
+    ],
+)
+def test_parse_request_refuses_a_malformed_message(raw: bytes | str) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        parse_request(raw, "normal")  # type: ignore[arg-type]
+
+
+def test_parse_request_refuses_a_request_queued_on_another_priority() -> None:
+    with pytest.raises(ValueError, match="priority"):
+        parse_request(message([REQ.to_message()]), "high")
+
+
+def test_parse_request_with_no_arguments() -> None:
+    with pytest.raises(ValueError):
+        parse_request(message([]), "normal")
+
+
+def test_parse_request_with_headers_not_a_dict() -> None:
+    with pytest.raises(ValueError):
+        parse_request(raw_envelope([[REQ.to_message()], {}, {}], [1]), "normal")
+
+
+def test_to_item_turns_wall_clock_age_and_deadline_into_the_collector_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inbox, "time", SimpleNamespace(time=lambda: 110.0))  # 10 s after submitted
+    item = to_item("req-1", REQ, now=5000.0, slow=False)
+    assert item.id == "req-1" and item.tokens == 3 and item.priority == "normal"
+    assert item.enqueued_at == pytest.approx(4990.0)
+    assert item.deadline == pytest.approx(5020.0)  # 20 s left on the wall clock
+    assert isinstance(item.payload, Held) and item.payload.request is REQ and not item.payload.slow
+    assert not item.alone
+
+
+def test_to_item_without_deadline_from_the_future_and_slow(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inbox, "time", SimpleNamespace(time=lambda: 90.0))  # clocks disagree
+    req = Request(text="x", tokens=1, model="synthetic", priority="low", submitted_at=100.0)
+    item = to_item("req-2", req, now=7.0, slow=True)
+    assert item.enqueued_at == 7.0, "an age is never negative"
+    assert item.deadline is None
+    assert item.alone and item.payload is not None and item.payload.slow
+
+
+def test_parse_event_returns_the_event_dict() -> None:
+    event = {"kind": "done", "batch_id": "b1", "padded_tokens": 40, "run_ms": 12}
+    assert parse_event(wire.event_message(event, EVENTS_QUEUE).encode()) == event
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff garbage",
+        b"[1]",
+        b"{}",
+        b"null",
+        wire.event_message([1, 2], EVENTS_QUEUE).encode(),  # a body, but not a dict
+        json.dumps({"body": base64.b64encode(b"\xff").decode(), "properties": {"body_encoding": "base64"}}).encode(),
+    ],
+)
+def test_parse_event_returns_none_for_anything_else(raw: bytes) -> None:
+    assert parse_event(raw) is None
+
+
+def test_parse_event_with_a_body_that_is_not_a_string() -> None:
+    # One such message on the events queue must not stop the collector.
+    assert parse_event(b'{"body": 1}') is None
+
+
+def test_the_collector_rejects_hostile_request_content_without_raising() -> None:
+    """Fuzz of the collector's intake: every hostile message becomes that request's own
+    error (or is dropped when it has no usable id), and the loop never sees an exception."""
+    from tasks.collector.loop import Collector
+    from tasks.core.clock import FakeClock
+    from tasks.core.policy import BatchPolicy
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.written: list[str] = []
+
+        def write(self, outcomes, also=None):  # type: ignore[no-untyped-def]
+            self.written += [o.task_id for o in outcomes]
+            return len(outcomes)
+
+    collector = Collector.__new__(Collector)
+    collector.held, collector.slow_inputs, collector.stats = {}, set(), {"rejected": 0}
+    collector.clock, collector.schedulers, collector.policy = FakeClock(), {}, BatchPolicy()
+    collector.outcomes = Recorder()  # type: ignore[assignment]
+    collector.redis = None
+    acked: list[object] = []
+    import tasks.collector.loop as loop
+
+    original_ack = loop.request_queues.ack
+    loop.request_queues.ack = lambda r, items: acked.extend(items)  # type: ignore[assignment]
+    try:
+        hostile = [
+            {**REQ.to_message(), "text": "lone \ud800 surrogate"},
+            {**REQ.to_message(), "text": "nul \x00 inside"},
+            {**REQ.to_message(), "submitted_at": "yesterday"},
+            {**REQ.to_message(), "tokens": [1]},
+            {**REQ.to_message(), "extra": 1},
+            {"text": 5},
+        ]
+        for i, body in enumerate(hostile):
+            raw = wire.task_message(app, REQUEST_TASK, f"hostile-{i}", [body], "requests.normal")
+            collector._on_request(raw.encode("utf-8", "surrogatepass"), "normal")
+        for raw in (b"", b"\xff\xfe", b"[]", b'{"headers": {"id": "\\ud800"}}', b"x" * 100_000):
+            collector._on_request(raw, "normal")
+    finally:
+        loop.request_queues.ack = original_ack  # type: ignore[assignment]
+    # A NUL is just a character: that request is held like any other.
+    assert list(collector.held) == ["hostile-1"]
+    assert collector.stats["rejected"] == 10
+    # Each hostile request with an id is answered with its own error and struck off.
+    assert sorted(collector.outcomes.written) == sorted(f"hostile-{i}" for i in (0, 2, 3, 4, 5))  # type: ignore[attr-defined]
+    assert len(acked) == 5

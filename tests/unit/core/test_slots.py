@@ -1,0 +1,67 @@
+"""Slots: how many batches may be outstanding, and which are presumed lost after a while."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.core.clock import FakeClock
+from tasks.core.slots import Slots
+
+
+def test_free_allows_one_running_and_batches_ahead_queued_per_device() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    assert slots.free(devices=2, batches_ahead=0) == 2
+    assert slots.free(devices=2, batches_ahead=1) == 4
+    assert slots.free(devices=0, batches_ahead=3) == 0
+
+
+def test_free_counts_outstanding_batches_and_never_goes_negative() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    for i in range(3):
+        slots.sent(f"b{i}", 100)
+    assert len(slots) == 3
+    assert slots.free(devices=2, batches_ahead=1) == 1
+    assert slots.free(devices=1, batches_ahead=0) == 0
+
+
+def test_done_frees_a_slot_once_and_ignores_unknown_or_foreign_ids() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    slots.sent("ours", 100)
+    assert slots.done("unknown", 100, 0.1) is False
+    assert slots.done(None, 100, 0.1) is False
+    assert slots.done(42, 100, 0.1) is False
+    assert len(slots) == 1
+    assert slots.done("ours", 100, 0.1) is True
+    assert len(slots) == 0
+    assert slots.done("ours", 100, 0.1) is False, "a second report is not ours any more"
+
+
+def test_reclaim_stale_with_no_cost_known_waits_the_minimum() -> None:
+    clock = FakeClock(start=1000.0)
+    slots = Slots(clock=clock, stale_factor=4.0, stale_min_s=3.0)
+    slots.sent("lost", 500)
+    clock.advance(3.0)
+    assert slots.reclaim_stale() == []
+    assert len(slots) == 1
+    clock.advance(0.5)
+    [(batch_id, age)] = slots.reclaim_stale()
+    assert batch_id == "lost" and age == pytest.approx(3.5)
+    assert len(slots) == 0
+    assert slots.done("lost", 500, 3.5) is False, "a reclaimed batch's late report is ignored"
+
+
+def test_reclaim_stale_waits_stale_factor_times_the_cost_learned_from_done() -> None:
+    clock = FakeClock(start=1000.0)
+    slots = Slots(clock=clock, stale_factor=4.0, stale_min_s=3.0)
+    slots.sent("first", 1000)
+    clock.advance(2.0)
+    assert slots.done("first", 1000, 2.0)  # learns 2 s per 1000 padded tokens
+    slots.sent("slow", 1000)  # expected 2 s: presumed lost after 4 x 2 = 8 s, not 3 s
+    slots.sent("small", 10)  # expected 0.02 s: the 3 s minimum applies
+    clock.advance(3.5)
+    assert [b for b, _ in slots.reclaim_stale()] == ["small"]
+    clock.advance(4.4)  # 7.9 s since sent
+    assert slots.reclaim_stale() == []
+    clock.advance(0.2)
+    assert [b for b, _ in slots.reclaim_stale()] == ["slow"]
+    assert slots.free(devices=1, batches_ahead=0) == 1
