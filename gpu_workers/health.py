@@ -21,12 +21,14 @@ _DEVICE_ERROR_MARKS = ("CUDA", "OutOfMemory", "out of memory", "DeviceFault", "d
 
 
 def device_failed(results: list[Any]) -> bool:
-    """Every input failed, and not because of itself: several inputs failing on their
-    own at once, or an error that names the device."""
+    """Every input failed and an error blames the device (CUDA, out of memory on a batch
+    of one after bisection, a lost device). Inputs that each raise on their own are
+    their own errors, however many there are: a burst of poison inputs must never take
+    a healthy device offline."""
     errors = [r for r in results if isinstance(r, BaseException)]
     if not results or len(errors) != len(results):
         return False
-    return len(errors) >= 2 or any(m in str(errors[0]) for m in _DEVICE_ERROR_MARKS)
+    return any(m in str(e) for e in errors for m in _DEVICE_ERROR_MARKS)
 
 
 class DeviceHealth:
