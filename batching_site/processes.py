@@ -1,6 +1,6 @@
 """The command line of every process the system runs, in one place.
 
-`make run` (scripts/run.py) writes them into a Procfile for honcho; the integration
+`make run` (scripts/run.py) runs them under supervisord (`supervisor_config`); the integration
 tests (batching_site/harness.py) start the same commands on their own Redis, and
 containers exec them (batching_site/serve.py). One definition means the tests exercise
 exactly what operators run.
@@ -9,6 +9,7 @@ exactly what operators run.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 
@@ -82,3 +83,48 @@ def redis_server_command(port: int, data_dir: str) -> list[str]:
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
         "--dir", data_dir, "--protected-mode", "no",
     ]  # fmt: skip
+
+
+def supervisor_config(programs: dict[str, list[str]], *, run_dir: str, cwd: str) -> str:
+    """A supervisord configuration that runs `programs` (name -> command line) in the
+    foreground: a process that dies is restarted while the others keep serving, and
+    Ctrl-C (SIGINT to supervisord) stops them all, each with its whole process group."""
+
+    def quoted(cmd: list[str]) -> str:
+        return shlex.join(cmd).replace("%", "%%")  # supervisord expands %(name)s
+
+    lines = [
+        "[supervisord]",
+        "nodaemon=true",
+        f"logfile={run_dir}/supervisord.log",
+        f"pidfile={run_dir}/supervisord.pid",
+        f"childlogdir={run_dir}",
+        "",
+        "[unix_http_server]",
+        f"file={run_dir}/supervisor.sock",
+        "",
+        "[supervisorctl]",
+        f"serverurl=unix://{run_dir}/supervisor.sock",
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+    ]
+    for name, cmd in programs.items():
+        lines += [
+            "",
+            f"[program:{name}]",
+            f"command={quoted(cmd)}",
+            f"directory={cwd}",
+            "autorestart=true",
+            # A start that fails within a second is retried with a growing delay.
+            "startsecs=1",
+            "startretries=20",
+            # The collector hands back what it holds on SIGTERM: give it time.
+            "stopwaitsecs=40",
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            "stdout_logfile=/dev/stdout",
+            "stdout_logfile_maxbytes=0",
+        ]
+    return "\n".join(lines) + "\n"

