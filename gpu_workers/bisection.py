@@ -36,12 +36,11 @@ class Bisector:
         bisected the same way, and a single request too slow on its own comes back as
         SLOW, to be run alone afterwards (`slow_lane=True`, under the hard limit only).
         """
-        costs = self.costs.setdefault(
-            model,
-            CostModel(
+        costs = self.costs.get(model)
+        if costs is None:
+            costs = self.costs[model] = CostModel(
                 factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S, hard_limit_s=settings.BATCH_HARD_LIMIT_S
-            ),
-        )
+            )
         padded = len(reqs) * max(r["tokens"] for r in reqs)
         limit = costs.limit_s(padded) if settings.SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
         t0 = time.perf_counter()

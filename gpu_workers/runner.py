@@ -28,7 +28,7 @@ from tasks.core.errors import DeadlineExceeded
 from tasks.core.slowness import fingerprint
 from tasks.protocol import events as flower_events
 from tasks.protocol import wire
-from tasks.protocol.names import EVENTS_QUEUE, SLOW_INPUTS_KEY
+from tasks.protocol.names import EVENTS_QUEUE
 from tasks.protocol.results import Outcome
 from tasks.store import shared_state
 from tasks.store.outcomes import OutcomeWriter
@@ -116,7 +116,7 @@ class DeviceRunner:
             for r, res in zip(live, results, strict=True)
             if res is not SLOW
         ]
-        also = self._also(batch, outcomes, started, run_s)
+        also = self._also(batch, outcomes, base, run_s)
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
             written = self._outcomes.write(outcomes)
@@ -172,13 +172,13 @@ class DeviceRunner:
             return Outcome(r["id"], error=res, details=details)
         return Outcome(r["id"], result=res, details=details)
 
-    def _also(self, batch: dict[str, Any], outcomes: list[Outcome], started: float, run_s: float) -> Any:
+    def _also(self, batch: dict[str, Any], outcomes: list[Outcome], base: dict[str, Any], run_s: float) -> Any:
         done = {
             "kind": "done",
             "batch_id": batch["batch_id"],
             "device": self.device_id,
             "padded_tokens": batch.get("padded_tokens") or 0,
-            "run_ms": round(run_s * 1000, 3),
+            "run_ms": base["run_ms"],
         }
         done_message = wire.event_message(done, EVENTS_QUEUE)
 
@@ -187,7 +187,12 @@ class DeviceRunner:
             # the collector hears that this device is free, so the next batch is on its
             # way while the bookkeeping runs.
             flower_events.ran(
-                self.app, batch, outcomes, started_at=started, run_s=run_s, hostname=self.nodename or self.device_id
+                self.app,
+                batch,
+                outcomes,
+                started_at=base["started_at"],
+                run_s=run_s,
+                hostname=self.nodename or self.device_id,
             ).publish_on(pipe)
             pipe.lpush(EVENTS_QUEUE, done_message)
 
@@ -199,11 +204,9 @@ class DeviceRunner:
         """Run each too-slow input alone, remember it so the collector sends it to the
         slow lane next time, and mark its result as isolated."""
         outcomes = []
-        r_client = shared_state.client()
         for r in slow:
             fp = fingerprint(model, r["text"])
-            r_client.sadd(SLOW_INPUTS_KEY, fp)
-            r_client.expire(SLOW_INPUTS_KEY, shared_state.SLOW_INPUTS_TTL_S)
+            shared_state.remember_slow_input(fp)
             self._emit({"kind": "slow", "fingerprint": fp})
             self.isolated += 1
             res = self.bisector.run(model, runner, [r], slow_lane=True)[0]

@@ -205,10 +205,7 @@ def _refused(request: HttpRequest, exc: Exception) -> HttpResponse:
         raise exc
     if answer.status == 503:
         log.warning("API call failed on Redis: %s", exc)
-    response = _error(request, answer.status, answer.detail)
-    for name, value in answer.headers.items():
-        response[name] = value
-    return response
+    return answer.onto(_error(request, answer.status, answer.detail))
 
 
 @api.exception_handler(RequestDataTooBig)

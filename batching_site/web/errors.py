@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 import redis
+from django.http import HttpResponse
 from kombu.exceptions import OperationalError
 
 from tasks.core.errors import Overloaded, RequestTooLarge
@@ -17,6 +18,12 @@ class Refusal:
     status: int
     detail: str
     headers: dict[str, str] = field(default_factory=dict)
+
+    def onto(self, response: HttpResponse) -> HttpResponse:
+        """`response` with this refusal's headers (Retry-After)."""
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
 
 
 def refusal(exc: BaseException, *, invalid_status: int = 422) -> Refusal | None:

@@ -36,10 +36,7 @@ def submit_form(request: HttpRequest) -> JsonResponse:
         answer = refusal(exc, invalid_status=400)
         if answer is None:
             raise
-        response = JsonResponse({"detail": answer.detail}, status=answer.status)
-        for name, value in answer.headers.items():
-            response[name] = value
-        return response
+        return answer.onto(JsonResponse({"detail": answer.detail}, status=answer.status))
     return JsonResponse({"id": result.id, "status": "PENDING"}, status=202)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from ..protocol.names import PRIORITIES, SLOW_INPUTS_KEY, request_queue_name
+from ..protocol.names import PRIORITIES, request_queue_name
 from ..store import ledger, request_queues, shared_state
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def run(c: Collector, r: Any, now: float) -> None:
         log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
-        c.slow_inputs = {m.decode() for m in r.smembers(SLOW_INPUTS_KEY)}
+        c.slow_inputs = shared_state.slow_inputs(r)
         sweep_ledger(c, r)
     buffered = heartbeat(c, r)
     c.metrics.flush(r, buffered=buffered)

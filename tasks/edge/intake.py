@@ -1,4 +1,4 @@
-"""The edge: what a request must be before it is accepted, and the message it becomes.
+"""The edge: what a request must be before it is accepted.
 
 `accept()` is the one place that validates a request and counts its tokens. The client
 API and the HTTP views both call it, so a bad request fails the same way everywhere,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import redis
 from django.conf import settings
@@ -11,6 +12,7 @@ from ..protocol.app import get_app
 
 _clients: dict[str, redis.Redis] = {}
 _clients_lock = threading.Lock()
+_on_connect: list[Callable[[], None]] = []
 
 
 def client(url: str | None = None) -> redis.Redis:
@@ -44,9 +46,7 @@ def connect(redis_url: str) -> None:
         hook()
 
 
-#: Called after connect(): caches of what was read from the previous Redis drop it.
-_on_connect: list = []
-
-
-def on_connect(hook) -> None:  # type: ignore[no-untyped-def]
+def on_connect(hook: Callable[[], None]) -> None:
+    """Call `hook` after every connect(): a cache of what was read from the previous
+    Redis drops it."""
     _on_connect.append(hook)

@@ -19,7 +19,8 @@ from ..core.policy import BatchPolicy
 from ..protocol.names import COLLECTOR_KEY, DEVICE_PREFIX, DEVICES_INDEX, POLICY_KEY, SLOW_INPUTS_KEY
 from .connection import client, on_connect
 
-__all__ = ["SLOW_INPUTS_KEY", "client"]
+# `client` is reached through here by most callers: the one Redis client of this process.
+__all__ = ["client"]
 
 #: How long a slow input is remembered.
 SLOW_INPUTS_TTL_S = 3600
@@ -108,3 +109,18 @@ def collector_heartbeat(info: dict[str, Any], r: redis.Redis | None = None) -> N
 def read_collector(r: redis.Redis | None = None) -> dict[str, Any] | None:
     raw = (r or client()).get(COLLECTOR_KEY)
     return None if raw is None else json.loads(raw)
+
+
+# --- slow inputs ---------------------------------------------------------------------------
+
+
+def remember_slow_input(fp: str, r: redis.Redis | None = None) -> None:
+    """A device found this input too slow to share a batch: one round trip."""
+    pipe = (r or client()).pipeline(transaction=False)
+    pipe.sadd(SLOW_INPUTS_KEY, fp)
+    pipe.expire(SLOW_INPUTS_KEY, SLOW_INPUTS_TTL_S)
+    pipe.execute()
+
+
+def slow_inputs(r: redis.Redis | None = None) -> set[str]:
+    return {m.decode() for m in (r or client()).smembers(SLOW_INPUTS_KEY)}
