@@ -107,8 +107,9 @@ CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-#: Results live a day; a caller that has not fetched its answer by then has gone.
-CELERY_RESULT_EXPIRES = env.int("RESULT_EXPIRES_S", default=86400)
+#: Answers live an hour: a caller that has not fetched its answer by then has gone, and
+#: Redis holds at most an hour of answers (about 4 KB each for MiniLM; docs/reliability.md).
+CELERY_RESULT_EXPIRES = env.int("RESULT_EXPIRES_S", default=3600)
 _check(CELERY_RESULT_EXPIRES > 0, "RESULT_EXPIRES_S", CELERY_RESULT_EXPIRES, "a positive number of seconds")
 #: Workers pull one message at a time: a device worker never hoards batches that an
 #: idle device could run.
@@ -130,10 +131,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # every other sweep for kombu's default 5 minutes.
     "unacked_mutex_expire": 10,
 }
-#: An accepted request still unanswered this long after it was published, and waiting
-#: nowhere, was lost between Redis and a killed consumer: the collector publishes it
-#: again (tasks/ledger.py). Longer than any redelivery by the broker takes.
+#: An accepted request untouched this long since it was queued or sent to a device, and
+#: waiting nowhere, was lost between Redis and a killed consumer: the collector queues
+#: it again (tasks/store/ledger.py). Longer than any redelivery by the broker takes.
 LEDGER_GRACE_S = env.float("LEDGER_GRACE_S", default=2 * VISIBILITY_TIMEOUT_S + 10)
+_check(LEDGER_GRACE_S > VISIBILITY_TIMEOUT_S, "LEDGER_GRACE_S", LEDGER_GRACE_S, "more than VISIBILITY_TIMEOUT_S")
+#: How often a lost request is queued again before it is answered with RequestLost.
+LEDGER_ATTEMPTS = env.int("LEDGER_ATTEMPTS", default=3)
+_check(LEDGER_ATTEMPTS >= 1, "LEDGER_ATTEMPTS", LEDGER_ATTEMPTS, "at least 1")
 #: Flower shows a request as "sent" the moment it is queued. The events are published
 #: by the script that queues the requests, so they cost no round trip of their own.
 CELERY_TASK_SEND_SENT_EVENT = env.bool("TASK_SENT_EVENTS", default=True)
@@ -173,6 +178,12 @@ CIRCUIT_COOLDOWN_S = env.float("CIRCUIT_COOLDOWN_S", default=30.0)
 #: A batch handed back this many times runs anyway, so that with every device broken
 #: its callers still get errors instead of waiting forever.
 MAX_BOUNCES = env.int("MAX_BOUNCES", default=8)
+#: A lone request whose batch the broker has handed out this many times again (its
+#: worker died running it, or could not finish it) is answered with WorkerCrashed.
+#: A batch of several that comes back is split in halves first, so the input at
+#: fault ends up alone and its batch-mates are answered.
+POISON_REDELIVERIES = env.int("POISON_REDELIVERIES", default=2)
+_check(POISON_REDELIVERIES >= 1, "POISON_REDELIVERIES", POISON_REDELIVERIES, "at least 1")
 #: 0 turns slow-request isolation off (no learned time limit, no slow lane): a
 #: benchmark baseline.
 SLOW_ISOLATION = env.bool("SLOW_ISOLATION", default=True)

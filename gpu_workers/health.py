@@ -12,7 +12,9 @@ from celery import Celery
 from django.conf import settings
 
 from tasks.core.circuit import CircuitBreaker
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK
+from tasks.protocol.names import BATCH_QUEUE
+
+from .resend import resend
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +62,7 @@ class DeviceHealth:
     def bounce(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Hand a batch back to the shared queue for a healthy device."""
         bounces = batch.get("bounces", 0) + 1
-        self.app.send_task(
-            BATCH_TASK,
-            args=[{**batch, "bounces": bounces}],
-            task_id=f"{batch['batch_id']}-bounce{bounces}",
-            queue=BATCH_QUEUE,
-        )
+        resend(self.app, {**batch, "bounces": bounces}, f"{batch['batch_id']}-bounce{bounces}")
         return {"batch_id": batch["batch_id"], "device": self.device_id, "bounced": bounces}
 
     def _open_circuit(self) -> None:

@@ -22,17 +22,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from django.conf import settings
 
 from tasks import metrics
-from tasks.core.errors import DeadlineExceeded
+from tasks.core.errors import DeadlineExceeded, ModelUnavailable, WorkerCrashed
 from tasks.core.slowness import fingerprint
 from tasks.protocol import events as flower_events
 from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE
 from tasks.protocol.results import Outcome
-from tasks.store import shared_state
+from tasks.store import deliveries, shared_state
 from tasks.store.outcomes import OutcomeWriter
 
+from . import resend
 from .bisection import SLOW, Bisector
 from .health import DeviceHealth
 from .models import get_spec
@@ -84,14 +86,19 @@ class DeviceRunner:
 
     # --- one batch ------------------------------------------------------------------
 
-    def execute(self, batch: dict[str, Any], *, redelivered: bool = True) -> dict[str, Any]:
-        """Run one batch. `redelivered=False` (a first delivery, as the broker says) skips
-        asking which requests are already answered: none can be."""
+    def execute(self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None) -> dict[str, Any]:
+        """Run one batch. A first delivery (as the broker says) skips asking which
+        requests are already answered: none can be. A redelivered one is counted, and
+        may be split first (`_came_back`)."""
         if not self.health.may_run(batch):
             return self.health.bounce(batch)
         started = time.time()
         requests: list[dict[str, Any]] = batch["requests"]
         todo = self._unanswered(requests) if redelivered or batch.get("bounces") else list(requests)
+        if redelivered and todo:
+            came_back = self._came_back(batch, todo, task_id or batch["batch_id"])
+            if came_back is not None:
+                return came_back
         late: list[dict[str, Any]] = []
         live: list[dict[str, Any]] = []
         for r in todo:
@@ -101,10 +108,9 @@ class DeviceRunner:
             for r in late
         ]
 
-        runner = self.model(batch["model"])
         slow_lane = batch.get("lane") == "slow"
         t0 = time.perf_counter()
-        results = self.bisector.run(batch["model"], runner, live, slow_lane=slow_lane) if live else []
+        results = self._run(batch["model"], live, slow_lane=slow_lane) if live else []
         run_s = time.perf_counter() - t0
         base = self._base(batch, started, run_s)
         if self.health.judge(batch, results):
@@ -120,7 +126,7 @@ class DeviceRunner:
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
             written = self._outcomes.write(outcomes)
-            isolated = self._isolate(batch["model"], runner, slow, base)
+            isolated = self._isolate(batch["model"], slow, base)
             outcomes += isolated
             written += self._outcomes.write(isolated, also=also)
         else:
@@ -139,6 +145,40 @@ class DeviceRunner:
             "isolated": len(slow),
             "run_ms": base["run_ms"],
         }
+
+    def _run(self, model: str, live: list[dict[str, Any]], *, slow_lane: bool) -> list[Any]:
+        """Each request's result or its own error. A model that cannot load answers
+        every request with an error naming the model and this device (health.judge
+        bounces the batch when that error blames the device, such as out of memory)."""
+        try:
+            runner = self.model(model)
+        except Exception as exc:  # noqa: BLE001 - becomes each request's error
+            log.exception("could not load model %s on %s", model, self.device_id)
+            return [ModelUnavailable(model, self.device_id, f"{type(exc).__name__}: {exc}")] * len(live)
+        return self.bisector.run(model, runner, live, slow_lane=slow_lane)
+
+    def _came_back(self, batch: dict[str, Any], todo: list[dict[str, Any]], task_id: str) -> dict[str, Any] | None:
+        """A batch the broker handed out again: its worker died running it (a segfault,
+        an out-of-memory kill), or could not finish it. A batch of several is split in
+        halves, each sent on its own, so an input that kills workers ends up alone; a
+        lone request that came back POISON_REDELIVERIES times gets its own error. None:
+        run it (again) here."""
+        times = deliveries.count(shared_state.client(), task_id)
+        reply = {"batch_id": batch["batch_id"], "device": self.device_id, "redeliveries": times}
+        if len(todo) > 1:
+            mid = len(todo) // 2
+            for suffix, requests in (("a", todo[:mid]), ("b", todo[mid:])):
+                half = resend.part(batch, requests, suffix)
+                resend.resend(self.app, half, half["batch_id"])
+            log.warning("batch %s came back (%d times): split in halves", batch["batch_id"], times)
+            return {**reply, "split": [mid, len(todo) - mid]}
+        if times < settings.POISON_REDELIVERIES:
+            return None
+        r = todo[0]
+        log.error("request %s came back %d times alone: answering it with an error", r["id"], times)
+        error = WorkerCrashed(r["id"], times, self.device_id)
+        written = self._outcomes.write([Outcome(r["id"], error=error, details={"device": self.device_id})])
+        return {**reply, "written": written}
 
     def _unanswered(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         todo_ids = self._outcomes.missing([r["id"] for r in requests])
@@ -198,11 +238,10 @@ class DeviceRunner:
 
         return also
 
-    def _isolate(
-        self, model: str, runner: BatchRunner, slow: list[dict[str, Any]], base: dict[str, Any]
-    ) -> list[Outcome]:
+    def _isolate(self, model: str, slow: list[dict[str, Any]], base: dict[str, Any]) -> list[Outcome]:
         """Run each too-slow input alone, remember it so the collector sends it to the
         slow lane next time, and mark its result as isolated."""
+        runner = self.model(model)
         outcomes = []
         for r in slow:
             fp = fingerprint(model, r["text"])

@@ -184,7 +184,8 @@ class BatchingPolicy(models.Model):
         default=_DEFAULT.default_deadline_s,
         help_text=(
             "Deadline for requests that set none: one not dispatched by then fails with DeadlineExceeded "
-            "and never runs. Empty means no deadline."
+            "and never runs. Empty means no deadline: a caller waiting without a timeout may then wait as long "
+            "as the backlog lasts."
         ),
     )
     version = models.PositiveIntegerField(

@@ -31,6 +31,8 @@ __all__ = [
 MAX_TOKENS = 256
 # [CLS] and [SEP].
 _SPECIAL_TOKENS = 2
+#: Decimals kept of each embedding component in an answer.
+ANSWER_DECIMALS = 8
 
 
 def model_dir() -> Path:
@@ -124,9 +126,11 @@ class MiniLMRunner(BatchRunner):
     def __init__(self, device: str) -> None:
         path = model_dir()
         tdev = torch_device_for(device)
+        import numpy
         import torch
         from sentence_transformers import SentenceTransformer
 
+        self._np = numpy
         if tdev == "cpu":
             # Process-wide setting; only CPU workers get one so a GPU worker
             # keeps torch's default for its (small) host-side work.
@@ -162,7 +166,9 @@ class MiniLMRunner(BatchRunner):
                     convert_to_numpy=True,
                     show_progress_bar=False,
                 )
-        return out.tolist()
+        # Eight decimals: within float32's precision for a unit vector's components, and
+        # about half the JSON of float32's exact digits, in every stored answer.
+        return self._np.round(out.astype(self._np.float64), ANSWER_DECIMALS).tolist()
 
     def after_failure(self, exc: BaseException) -> None:
         # The allocator keeps the failed batch's blocks cached; give them back so the

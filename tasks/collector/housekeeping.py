@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from ..protocol.names import PRIORITIES, request_queue_name
+from ..core.errors import RequestLost
+from ..protocol.names import PRIORITIES
+from ..protocol.results import Outcome
 from ..store import ledger, request_queues, shared_state
 
 if TYPE_CHECKING:
@@ -52,20 +54,33 @@ def read_devices(c: Collector, r: Any) -> None:
     c.outbox.device_names = sorted(str(info.get("device")) for info in live.values())
 
 
-def sweep_ledger(c: Collector, r: Any) -> None:
-    """Queue again any accepted request that has gone missing (see tasks/store/ledger.py).
-
-    Missing means: unanswered for longer than any redelivery takes, not held here,
-    and its queue is empty (so it is not simply waiting behind a backlog)."""
-    empty = {p for p in PRIORITIES if r.llen(request_queue_name(p)) == 0}
-    lost = []
-    for task_id, raw in ledger.overdue(r, settings.LEDGER_GRACE_S):
-        priority = request_queues.queue_of(raw)
-        if task_id not in c.held and priority in empty:
-            log.warning("request %s was accepted but went missing; queuing it again", task_id)
-            lost.append((priority, task_id, raw))
-    request_queues.republish(r, lost)
-    c.stats["republished"] = c.stats.get("republished", 0) + len(lost)
+def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:
+    """Queue again any accepted request that has gone missing, or answer it with
+    `RequestLost` once it has been queued again `LEDGER_ATTEMPTS` times (the rule is in
+    tasks/store/ledger.py)."""
+    now = time.time() if now is None else now
+    overdue = ledger.overdue(r, now - settings.LEDGER_GRACE_S)
+    if not overdue:
+        return
+    tiers = {task_id: (raw, request_queues.queue_of(raw)) for task_id, _, raw in overdue}
+    missing = ledger.lost(
+        ((task_id, touched, tiers[task_id][1]) for task_id, touched, _ in overdue),
+        c.held,
+        request_queues.oldest_waiting(r),
+    )
+    again, give_up = [], []
+    for task_id, attempts in zip(missing, ledger.count_attempts(r, missing), strict=True):
+        (again if attempts <= settings.LEDGER_ATTEMPTS else give_up).append((task_id, attempts))
+    for task_id, attempts in again:
+        log.warning("request %s was accepted but went missing; queuing it again (attempt %d)", task_id, attempts)
+    request_queues.republish(r, [(tiers[t][1], t, tiers[t][0]) for t, _ in again])  # type: ignore[misc]
+    if give_up:
+        log.error(
+            "giving up on %d request(s) that went missing more than %d times", len(give_up), settings.LEDGER_ATTEMPTS
+        )
+        c.outcomes.write([Outcome(t, error=RequestLost(t, n), details={"lost": True}) for t, n in give_up])
+    c.stats["republished"] = c.stats.get("republished", 0) + len(again)
+    c.stats["given_up"] = c.stats.get("given_up", 0) + len(give_up)
 
 
 def heartbeat(c: Collector, r: Any) -> dict[str, int]:

@@ -63,3 +63,44 @@ class BatchOutputMismatch(BatchingError):
 
 class InferenceError(BatchingError):
     """The model failed on this request; the message names the cause."""
+
+
+class RequestLost(BatchingError):
+    """A request went missing between hand-offs more often than the system retries, so
+    it was given up on rather than left waiting forever."""
+
+    def __init__(self, request_id: str, attempts: int) -> None:
+        super().__init__(request_id, attempts)
+        self.request_id, self.attempts = request_id, attempts
+
+    def __str__(self) -> str:
+        return (
+            f"request {self.request_id} went missing {self.attempts} times between the queue and a device "
+            "and was given up on; submit it again, and if this repeats, check the device workers' logs"
+        )
+
+
+class WorkerCrashed(BatchingError):
+    """A device worker process died while running this request, alone, every time it
+    was tried: the input kills the process (a segfault, an abort, an out-of-memory kill)."""
+
+    def __init__(self, request_id: str, crashes: int, device: str) -> None:
+        super().__init__(request_id, crashes, device)
+        self.request_id, self.crashes, self.device = request_id, crashes, device
+
+    def __str__(self) -> str:
+        return (
+            f"request {self.request_id}: the device worker process died {self.crashes} times running this input "
+            f"alone (last on {self.device}); it was not retried again. Its batch-mates were answered"
+        )
+
+
+class ModelUnavailable(BatchingError):
+    """A device could not load the model a request asked for."""
+
+    def __init__(self, model: str, device: str, cause: str) -> None:
+        super().__init__(model, device, cause)
+        self.model, self.device, self.cause = model, device, cause
+
+    def __str__(self) -> str:
+        return f"model {self.model!r} could not be loaded on {self.device}: {self.cause}"

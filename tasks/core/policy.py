@@ -43,8 +43,9 @@ class BatchPolicy:
     queue_caps: dict[str, int] = field(default_factory=_default_caps)
     #: What happens to a request longer than the model's limit or the token budget.
     oversized: str = "reject"
-    #: Deadline for requests that set none, in seconds; None means no deadline.
-    default_deadline_s: float | None = None
+    #: Deadline for requests that set none, in seconds; None means no deadline. Finite
+    #: by default, so a caller blocked on `.get()` with no timeout is always answered.
+    default_deadline_s: float | None = 300.0
     #: Bumped on every saved change, so a running collector can tell it is behind.
     version: int = 0
 

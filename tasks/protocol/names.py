@@ -56,6 +56,15 @@ def held_key(priority: str) -> str:
 LEDGER_KEY = PREFIX + "ledger"
 #: Hash: accepted request id -> its task message, as it was queued.
 LEDGER_PAYLOADS_KEY = PREFIX + "ledger:payloads"
+#: Hash: accepted request id -> how often the ledger sweep has queued it again.
+LEDGER_ATTEMPTS_KEY = PREFIX + "ledger:attempts"
+
+
+def redeliveries_key(task_id: str) -> str:
+    """Counter: how often the broker has handed this batch task out again (tasks/store/deliveries.py)."""
+    return f"{PREFIX}redeliveries:{task_id}"
+
+
 #: Hash: counters of first answers and of refused second answers.
 ANSWERS_KEY = PREFIX + "answers"
 

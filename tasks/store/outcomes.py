@@ -20,7 +20,7 @@ from django.conf import settings
 from redis.commands.core import Script
 
 from ..protocol import lua
-from ..protocol.names import ANSWERS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY
+from ..protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY
 from ..protocol.results import Outcome, result_meta
 
 # Built once: a Script keeps its SHA and runs on whichever client (or pipeline) each
@@ -59,7 +59,13 @@ class OutcomeWriter:
             else:
                 expires = getattr(backend, "failure_expires", None) or backend.expires
             _SET_ONCE_SCRIPT(
-                keys=[backend.get_key_for_task(o.task_id), ANSWERS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY],
+                keys=[
+                    backend.get_key_for_task(o.task_id),
+                    ANSWERS_KEY,
+                    LEDGER_KEY,
+                    LEDGER_PAYLOADS_KEY,
+                    LEDGER_ATTEMPTS_KEY,
+                ],
                 args=[
                     backend.encode(result_meta(o, backend, done)),
                     int(expires or settings.CELERY_RESULT_EXPIRES),

@@ -10,8 +10,9 @@ atomic and one round trip however many requests they move:
   their task-sent events. All of a `submit_many` is accepted, or none of it.
 - `take` (the collector): move up to its window of messages per tier from the queue
   into the held hash, and drain the devices' done events, in one call.
-- `dispatch` (the collector): push a batch task for the devices and strike its requests
-  off the held hash, in one transaction, so no request is ever both held and sent.
+- `dispatch` (the collector): push a batch task for the devices, strike its requests
+  off the held hash and touch their ledger entries, in one transaction, so no request
+  is ever both held and sent.
 
 A tier's depth is LLEN(queue) + HLEN(held): every accepted request of that tier not
 yet handed to a device. The edge admits against exactly that, atomically, so a queue
@@ -113,9 +114,12 @@ def _strike(pipe: Any, items: Iterable[tuple[str, str]]) -> None:
 
 
 def ack(r: redis.Redis, items: Iterable[tuple[str, str]]) -> None:
-    """Strike (priority, id) requests off the held hashes: they have their outcome."""
+    """Strike (priority, id) requests off the held hashes: they have their outcome, or
+    are in the broker in a round's batches (their ledger entries are touched)."""
+    items = list(items)
     pipe = r.pipeline(transaction=False)
     _strike(pipe, items)
+    ledger.touch(pipe, [task_id for _, task_id in items], time.time())
     pipe.execute()
 
 
@@ -124,9 +128,11 @@ def dispatch(
 ) -> None:
     """Push one batch task message and strike its requests off, atomically (and
     publish its task-sent event)."""
+    items = list(items)
     pipe = r.pipeline(transaction=True)
     pipe.lpush(queue, message)
     _strike(pipe, items)
+    ledger.touch(pipe, [task_id for _, task_id in items], time.time())
     if events:
         events.publish_on(pipe)
     pipe.execute()
@@ -155,9 +161,23 @@ def republish(r: redis.Redis, entries: Sequence[tuple[str, str, bytes]]) -> None
     pipe = r.pipeline(transaction=False)
     for priority, _task_id, raw in entries:
         pipe.lpush(request_queue_name(priority), raw)
+    ledger.touch(pipe, [task_id for _, task_id, _ in entries], time.time())
     pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
     pipe.execute()
-    ledger.touch(r, [task_id for _, task_id, _ in entries])
+
+
+def oldest_waiting(r: redis.Redis) -> dict[str, float]:
+    """Each tier's oldest queued request's ledger time: +inf for an empty queue, -inf
+    where it cannot be told (a request with no ledger entry)."""
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.lindex(request_queue_name(p), -1)
+    tails = pipe.execute()
+    times = ledger.scores(r, [None if raw is None else wire.task_id_of(raw) for raw in tails])
+    out = {}
+    for p, raw, score in zip(PRIORITIES, tails, times, strict=True):
+        out[p] = float("inf") if raw is None else (float("-inf") if score is None else score)
+    return out
 
 
 def depths(r: redis.Redis) -> dict[str, int]:
