@@ -11,6 +11,10 @@ Example queries:
     sum by (priority) (batching_queue_depth)
     rate(batching_requests_total{outcome="completed"}[1m])
     rate(batching_padded_tokens_total[5m]) / rate(batching_real_tokens_total[5m])
+    batching_redis_used_memory_bytes / (batching_redis_maxmemory_bytes > 0) > 0.9
+
+The last is the Redis memory alert (docs/deployment.md, "Redis memory"): `> 0` drops
+a Redis without maxmemory, whose used/0 would be +Inf.
 """
 
 from __future__ import annotations
@@ -125,6 +129,19 @@ class SnapshotCollector(Collector):
             "Version of the batching policy the collector applies.",
             value=float(collector.get("policy_version") or 0),
         )
+
+        memory = s.redis_memory
+        if memory is not None:
+            yield GaugeMetricFamily(
+                "batching_redis_used_memory_bytes",
+                "Bytes Redis has allocated (INFO memory used_memory).",
+                value=float(memory.used_bytes),
+            )
+            yield GaugeMetricFamily(
+                "batching_redis_maxmemory_bytes",
+                "Redis' maxmemory, 0 for no limit. Under noeviction every write fails once used memory reaches it.",
+                value=float(memory.max_bytes),
+            )
 
 
 def render(snap: Snapshot) -> bytes:

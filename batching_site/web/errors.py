@@ -34,6 +34,10 @@ def refusal(exc: BaseException, *, invalid_status: int = 422) -> Refusal | None:
         return Refusal(429, str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
     if isinstance(exc, RequestTooLarge):
         return Refusal(413, str(exc))
+    if isinstance(exc, redis.OutOfMemoryError):
+        # maxmemory-policy noeviction (docker-compose.yml): a full Redis refuses new
+        # requests instead of evicting queued ones or answers.
+        return Refusal(503, "the broker is out of memory; try again later")
     if isinstance(exc, (redis.RedisError, OperationalError, ConnectionError)):
         return Refusal(503, "the broker is unreachable; try again shortly")
     if isinstance(exc, (ValueError, TypeError)):

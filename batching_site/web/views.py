@@ -13,7 +13,7 @@ from tasks.edge.client import submit
 from tasks.models import BatchingPolicy
 from tasks.protocol.app import get_app
 from tasks.protocol.names import PRIORITIES
-from tasks.store import shared_state
+from tasks.store import redis_memory, shared_state
 
 from .errors import refusal
 
@@ -55,9 +55,13 @@ def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 once web, broker, collector and at least one device worker answer; else 503
-    naming what is missing."""
+    naming what is missing. Redis memory at WARN_FRACTION of maxmemory or more is named
+    under "warnings" and keeps the 200: until it is full Redis still takes every write,
+    and a full one refuses writes by itself while reads (answers) still work, which an
+    unhealthy web process would stop serving too."""
     parts: dict[str, object] = {"web": "ok"}
     missing = []
+    warnings = []
     try:
         r = shared_state.client()
         r.ping()
@@ -69,6 +73,15 @@ def healthz(request: HttpRequest) -> JsonResponse:
         parts["broker"] = f"unreachable: {exc}"
         missing.append("broker")
         collector, devices, published = None, {}, None
+    if "broker" not in missing:
+        try:
+            memory = redis_memory.read(r)
+        except Exception as exc:  # noqa: BLE001 - an unreadable INFO is reported, not a missing broker
+            parts["redis_memory"] = f"unreadable: {exc}"
+        else:
+            parts["redis_memory"] = memory.to_dict() if memory else "not reported by the server"
+            if memory and memory.state == "warning":
+                warnings.append("redis_memory")
     if collector and time.time() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
         parts["collector"] = {"hostname": collector.get("hostname"), "policy_version": collector.get("policy_version")}
     else:
@@ -94,4 +107,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
     }
     if missing:
         parts["missing"] = missing
+    if warnings:
+        parts["warnings"] = warnings
     return JsonResponse(parts, status=503 if missing else 200)

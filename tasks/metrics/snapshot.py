@@ -26,6 +26,7 @@ from ..protocol.names import (
 )
 from ..store import shared_state
 from ..store.connection import client
+from ..store.redis_memory import RedisMemory
 from .schema import HISTOGRAMS, RECENT_LEN, SERIES_LEN, decode_counters
 
 
@@ -46,6 +47,8 @@ class Snapshot:
     broker: dict[str, int] = field(default_factory=dict)
     collector: dict[str, Any] | None = None
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Redis' own used memory and maxmemory; None if the server does not say.
+    redis_memory: RedisMemory | None = None
 
     def count(self, kind: str, priority: str | None = None) -> int:
         tiers = PRIORITIES if priority is None else (priority,)
@@ -84,6 +87,7 @@ def read(r: redis.Redis | None = None, *, series: bool = True) -> Snapshot:
     for q in queues:
         pipe.llen(q)
     pipe.get(COLLECTOR_KEY)
+    pipe.info("memory")
     res = iter(pipe.execute())
 
     snap = Snapshot(at=time.time(), devices=devices)
@@ -96,6 +100,7 @@ def read(r: redis.Redis | None = None, *, series: bool = True) -> Snapshot:
     snap.broker = {q: int(next(res)) for q in queues}
     collector = _loads(next(res))
     snap.collector = collector if isinstance(collector, dict) else None
+    snap.redis_memory = RedisMemory.from_info(next(res))
     return snap
 
 

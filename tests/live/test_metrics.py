@@ -126,6 +126,34 @@ def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[n
     assert metrics.read(r).counters == {}
 
 
+@pytest.mark.django_db
+def test_redis_memory_on_metrics_and_healthz(client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+    from tasks.store import shared_state
+
+    r = shared_state.client()
+    r.config_set("maxmemory", 0)  # no limit, as under `make run`
+    fams = families(client.get("/metrics").content)
+    used = sample_value(fams, "batching_redis_used_memory_bytes")
+    assert used > 0 and sample_value(fams, "batching_redis_maxmemory_bytes") == 0
+    health = client.get("/healthz").json()
+    assert health["redis_memory"]["state"] == "unlimited" and "warnings" not in health
+
+    r.config_set("maxmemory", int(used * 2))
+    fams = families(client.get("/metrics").content)
+    assert sample_value(fams, "batching_redis_maxmemory_bytes") == int(used * 2)
+    health = client.get("/healthz").json()
+    assert health["redis_memory"]["state"] == "ok" and 0 < health["redis_memory"]["fraction"] < 0.9
+
+    # Nearly full: /healthz says so, and its status still depends only on what is
+    # missing (no collector or device here: 503 with or without the warning).
+    r.config_set("maxmemory", int(used / 0.95))
+    response = client.get("/healthz")
+    health = response.json()
+    assert health["redis_memory"]["state"] == "warning" and health["redis_memory"]["fraction"] >= 0.9
+    assert health["warnings"] == ["redis_memory"]
+    assert response.status_code == 503 and health["missing"] == ["collector", "device worker"]
+
+
 def test_a_metric_that_cannot_be_written_never_fails_the_caller() -> None:
     import redis
     from redis.backoff import NoBackoff
@@ -258,6 +286,9 @@ def test_metrics_show_depth_per_priority_under_load_then_completions(live_system
     assert sample_value(fams, "batching_collector_up") == 1
     assert sum(s.value for s in fams["batching_device_up"].samples) >= 2  # type: ignore[attr-defined]
     assert sample_value(fams, "batching_requests", "_total", priority="low", outcome="completed") >= 300
+    # Redis' own memory, from INFO memory (maxmemory 0 when the harness sets no limit).
+    assert sample_value(fams, "batching_redis_used_memory_bytes") > 0
+    assert sample_value(fams, "batching_redis_maxmemory_bytes") >= 0
 
     # The time series is sampled once a second and ends with the latest counters.
     deadline = time.monotonic() + 5

@@ -102,13 +102,31 @@ def test_services_run_the_tested_command_lines_and_persist_redis(resolved: dict[
     services = resolved["services"]
     assert services["web"]["command"][-1] == "web"  # gunicorn, see serve.gunicorn_command
     assert services["collector"]["command"][-1] == "collector"
-    assert "--appendonly yes" in " ".join(services["redis"]["command"])
+    redis_command = " ".join(services["redis"]["command"])
+    assert "--appendonly yes --appendfsync everysec" in redis_command
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
     # Every secret-looking setting is interpolated from .env, never written here.
     for line in COMPOSE.read_text().splitlines():
         m = re.match(r"\s*(\w*(PASSWORD|SECRET|AUTH)\w*):\s*(\S+)", line)
         if m:
             assert m.group(3).startswith("${"), f"{m.group(1)} is hard-coded in docker-compose.yml"
+
+
+def test_redis_has_a_memory_limit_and_never_evicts(resolved: dict[str, Any], tmp_path: Path) -> None:
+    # Evicting would drop queued requests or answers without a word; noeviction makes a
+    # full Redis refuse writes instead, and /metrics exports how close it is.
+    redis = resolved["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert re.search(r'--maxmemory "\$+REDIS_MAXMEMORY"', command), command  # $$ escapes compose's interpolation
+    assert "--maxmemory-policy noeviction" in command
+    assert redis["environment"]["REDIS_MAXMEMORY"] == "2gb"
+
+    env_file = tmp_path / "env"
+    env_file.write_text(ENV_EXAMPLE.read_text() + "REDIS_MAXMEMORY=512mb\n")
+    yaml = pytest.importorskip("yaml")
+    result = compose(env_file, "config")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["services"]["redis"]["environment"]["REDIS_MAXMEMORY"] == "512mb"
 
 
 def test_serve_roles_exec_the_same_commands_as_make_run_and_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,12 @@ def test_an_unreachable_broker_is_503(exc: Exception) -> None:
     assert "refused" not in r.detail, "the broker's own error is not shown to the caller"
 
 
+def test_a_full_redis_is_503_saying_so() -> None:
+    exc = redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'. script: 143fc16")
+    r = refusal(exc)
+    assert r == Refusal(503, "the broker is out of memory; try again later")
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("bug"), KeyError("x"), Exception()])
 def test_anything_else_is_a_bug_not_a_refusal(exc: Exception) -> None:
     assert refusal(exc) is None
