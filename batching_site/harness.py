@@ -1,28 +1,39 @@
-"""A whole local system for tests and benchmarks: Redis on a free port, the collector
-and N device workers, as real processes started from the same command lines as
-`make run` (batching_site/processes.py)."""
+"""A whole local system for tests and benchmarks, run the way `make run` runs one: the
+same process definitions (batching_site/processes.py) under the same supervisor
+(supervisord), on a Redis of its own on a free port.
+
+A process killed here is restarted by supervisord, exactly as under `make run`; the
+tests never restart anything themselves. Programs can be added while the system runs
+(a third device, a late collector): each is one file in an include folder that
+supervisord re-reads.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
 from tasks.protocol.names import COLLECTOR_KEY, DEVICE_PREFIX
 
-from .processes import collector_command, device_command, redis_server_command
+from . import processes
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the process that started us dies, so
-    a test run that is killed outright leaves no worker or server behind (Linux only)."""
+    a test run that is killed outright leaves no supervisor behind (Linux only);
+    supervisord then stops its programs."""
     try:
         import ctypes
 
@@ -32,16 +43,14 @@ def _die_with_parent() -> None:
 
 
 def free_port() -> int:
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 class LocalSystem:
-    """Redis on a free port, the collector and N device workers, as real processes.
-
-    Used as a context manager by the integration tests and the benchmarks:
+    """Redis, the collector and N device workers (and, when asked, the web process and
+    Flower) as real processes under supervisord.
 
         with LocalSystem(devices=["cpu:0", "cpu:1"], preload="synthetic") as system:
             os.environ["REDIS_URL"] = system.redis_url
@@ -55,101 +64,141 @@ class LocalSystem:
         env: dict[str, str] | None = None,
         redis_url: str | None = None,
         log_dir: str | None = None,
+        web: bool = False,
+        flower: bool = False,
     ) -> None:
-
-        self.devices = devices or ["cpu:0", "cpu:1"]
+        self.devices = ["cpu:0", "cpu:1"] if devices is None else devices
         self.preload = preload
         self.extra_env = env or {}
-        self.redis_url = redis_url
         self._tmp = tempfile.mkdtemp(prefix="batching-")
         self.log_dir = log_dir or self._tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._programs_dir = os.path.join(self._tmp, "programs")
+        os.makedirs(self._programs_dir)
+        self._redis_port: int | None = None
+        if redis_url is None:
+            self._redis_port = free_port()
+            redis_url = f"redis://127.0.0.1:{self._redis_port}/0"
+        self.redis_url: str = redis_url
+        self.web_port = free_port() if web else None
+        self.flower_port = free_port() if flower else None
+        self._supervisord: subprocess.Popen[bytes] | None = None
+        self._rpc: Any = None
 
-    # -- processes
+    # -- the process set
 
     def env(self) -> dict[str, str]:
-
         env = dict(os.environ)
         env.update(
             {
-                "REDIS_URL": self.redis_url or "",
+                "REDIS_URL": self.redis_url,
                 "DJANGO_SETTINGS_MODULE": "batching_site.settings",
                 "DEVICES": ",".join(self.devices),
                 "DEVICE_COUNT": str(len(self.devices)),
                 "HF_HUB_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",
                 "TOKENIZERS_PARALLELISM": "false",
+                "DATABASE_URL": f"sqlite:///{self._tmp}/db.sqlite3",
             }
         )
         env.update(self.extra_env)
         return env
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115 - lives as long as the process
-        cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.procs[name] = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env or self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+    def programs(self) -> dict[str, list[str]]:
+        """The programs `start` runs: `make run`'s set (processes.programs)."""
+        redis = (self._redis_port, self._tmp) if self._redis_port is not None else None
+        return processes.programs(
+            self.devices, preload=self.preload, redis=redis, web_port=self.web_port, flower_port=self.flower_port
         )
 
-    def start_redis(self) -> None:
-        port = free_port()
-        self._spawn("redis", redis_server_command(port, self._tmp))
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
-        self._wait(lambda: self._redis().ping(), "redis to answer", 15)
-
-    def start_collector(self) -> None:
-        self._spawn("collector", collector_command())
-
-    def start_device(self, device: str, env: dict[str, str] | None = None) -> None:
-        merged = self.env()
-        merged.update(env or {})
-        self._spawn(f"gpu-{device.replace(':', '')}", device_command(device, preload=self.preload), merged)
-
     def start(self, timeout: float = 120.0) -> LocalSystem:
-        if self.redis_url is None:
-            self.start_redis()
-        self.start_collector()
-        for d in self.devices:
-            self.start_device(d)
+        programs = self.programs()
+        if "redis" in programs:
+            self.add("redis", programs.pop("redis"))
+            self.wait_redis()
+        if "web" in programs:
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+                cwd=_ROOT,
+                env=self.env(),
+                check=True,
+            )
+        for name, cmd in programs.items():
+            self.add(name, cmd)
         self.wait_ready(len(self.devices), timeout)
         return self
 
-    def wait_ready(self, devices: int, timeout: float = 120.0) -> None:
+    def start_redis(self) -> None:
+        """Only Redis (a bare broker): what is submitted stays queued."""
+        assert self._redis_port is not None, "this system uses a Redis it was given"
+        self.add("redis", processes.redis_server_command(self._redis_port, self._tmp, appendonly=True))
+        self.wait_redis()
 
-        def ready() -> bool:
-            r = self._redis()
-            live = list(r.scan_iter(match=DEVICE_PREFIX + "*"))
-            collector = r.get(COLLECTOR_KEY)
-            return len(live) >= devices and collector is not None and json.loads(collector)["devices"] >= devices
+    def start_collector(self, env: dict[str, str] | None = None) -> None:
+        self.add("collector", processes.collector_command(), env)
 
-        self._wait(ready, f"collector and {devices} device worker(s)", timeout)
+    def start_device(self, device: str, env: dict[str, str] | None = None) -> None:
+        self.add(processes.program_name(device), processes.device_command(device, preload=self.preload), env)
 
-    def stop(self, name: str, sig: int | None = None, timeout: float = 30.0) -> None:
+    def add(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        """Run one more supervised program (restarted whenever it dies)."""
+        section = processes.program_section(
+            name, cmd, cwd=_ROOT, log_file=os.path.join(self.log_dir, f"{name}.log"), environment=env
+        )
+        with open(os.path.join(self._programs_dir, f"{name}.conf"), "w") as f:
+            f.write(section)
+        rpc = self._supervisor()
+        rpc.supervisor.reloadConfig()
+        try:
+            rpc.supervisor.addProcessGroup(name)
+        except xmlrpc.client.Fault as exc:
+            if "ALREADY_ADDED" not in exc.faultString:
+                raise
 
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig or signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal a program's main process, as `kill -9` would; supervisord restarts it.
+        Returns the pid it signalled."""
+        pid = self.pid(name)
+        os.kill(pid, sig)
+        return pid
+
+    def stop(self, name: str) -> None:
+        """Stop a program for good (supervisord does not restart it) and forget it."""
+        rpc = self._supervisor()
+        try:
+            rpc.supervisor.stopProcessGroup(name)
+            rpc.supervisor.removeProcessGroup(name)
+        except xmlrpc.client.Fault as exc:
+            if "BAD_NAME" not in exc.faultString:
+                raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self._programs_dir, f"{name}.conf"))
+
+    def pid(self, name: str) -> int:
+        return int(self._supervisor().supervisor.getProcessInfo(name)["pid"])
+
+    def pids(self) -> dict[str, int]:
+        """Every running program's main pid, by name."""
+        return {p["name"]: int(p["pid"]) for p in self._supervisor().supervisor.getAllProcessInfo() if p["pid"]}
+
+    def states(self) -> dict[str, str]:
+        """Every program's state as supervisord sees it: RUNNING, STARTING, BACKOFF, ..."""
+        return {p["name"]: p["statename"] for p in self._supervisor().supervisor.getAllProcessInfo()}
 
     def close(self) -> None:
-
-        for name in [n for n in self.procs if n != "redis"]:
-            self.stop(name)
-        self.stop("redis", signal.SIGKILL)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        sup = self._supervisord
+        if sup is not None and sup.poll() is None:
+            sup.send_signal(signal.SIGTERM)  # stops every program, Redis last
+            try:
+                sup.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(sup.pid, signal.SIGKILL)
+                sup.wait(10)
+        self._supervisord = None
+        self._rpc = None
+        if self.log_dir == self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(self._programs_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalSystem:
         return self.start()
@@ -158,33 +207,89 @@ class LocalSystem:
         self.close()
 
     def logs(self, name: str) -> str:
-
         try:
             with open(os.path.join(self.log_dir, f"{name}.log"), errors="replace") as f:
                 return f.read()
         except OSError:
             return ""
 
+    # -- waiting
+
+    def wait_redis(self, timeout: float = 15.0) -> None:
+        self._wait(lambda: self._redis().ping(), "redis to answer", timeout)
+
+    def wait_ready(self, devices: int, timeout: float = 120.0) -> None:
+        def ready() -> bool:
+            r = self._redis()
+            live = list(r.scan_iter(match=DEVICE_PREFIX + "*"))
+            collector = r.get(COLLECTOR_KEY)
+            return len(live) >= devices and collector is not None and json.loads(collector)["devices"] >= devices
+
+        self._wait(ready, f"collector and {devices} device worker(s)", timeout)
+
+    def wait_running(self, name: str, timeout: float = 60.0) -> None:
+        """Until supervisord reports `name` RUNNING (again)."""
+        self._wait(lambda: self.states().get(name) == "RUNNING", f"{name} to run", timeout)
+
     # -- helpers
+
+    def _supervisor(self) -> Any:
+        """The XML-RPC interface of this system's supervisord, started on first use."""
+        if self._rpc is not None:
+            return self._rpc
+        conf = os.path.join(self._tmp, "supervisord.conf")
+        with open(conf, "w") as f:
+            f.write(processes.supervisord_section(self._tmp, include=os.path.join(self._programs_dir, "*.conf")))
+        log = open(os.path.join(self.log_dir, "supervisord.out"), "ab")  # noqa: SIM115 - lives as long as the process
+        self._supervisord = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", conf],
+            cwd=_ROOT,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        from supervisor.xmlrpc import SupervisorTransport
+
+        deadline = time.monotonic() + 30
+        while True:
+            # A fresh transport each try: one whose request failed cannot send another.
+            transport = SupervisorTransport(None, None, f"unix://{self._tmp}/supervisor.sock")
+            rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+            try:
+                rpc.supervisor.getState()
+                break
+            except (OSError, http.client.HTTPException, xmlrpc.client.Fault):
+                if self._supervisord.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"supervisord did not start; see {self.log_dir}/supervisord.out") from None
+                time.sleep(0.05)
+        self._rpc = rpc
+        return rpc
 
     def _redis(self) -> Any:
         import redis
 
-        return redis.Redis.from_url(self.redis_url or "", socket_connect_timeout=1)
+        return redis.Redis.from_url(self.redis_url, socket_connect_timeout=1)
 
     def _wait(self, predicate: Callable[[], Any], what: str, timeout: float) -> None:
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {proc.returncode} while waiting for {what}:\n{self.logs(name)[-3000:]}"
-                    )
+            if self._supervisord is not None and self._supervisord.poll() is not None:
+                raise RuntimeError(f"supervisord exited while waiting for {what}; logs in {self.log_dir}")
+            fatal = [name for name, state in (self.states() if self._rpc else {}).items() if state == "FATAL"]
+            if fatal:
+                raise RuntimeError(
+                    f"{fatal[0]} could not start while waiting for {what}:\n{self.logs(fatal[0])[-3000:]}"
+                )
             try:
                 if predicate():
                     return
             except Exception:  # noqa: BLE001,S110 - not up yet
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.log_dir}")
+        tails = "\n".join(f"--- {name}\n{self.logs(name)[-1500:]}" for name in (self.states() if self._rpc else {}))
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.log_dir}\n{tails}")
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

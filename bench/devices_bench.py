@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import sys
 import time
 from collections import defaultdict
@@ -46,6 +45,7 @@ from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
+from batching_site.processes import program_name  # noqa: E402
 from tasks.core.policy import BatchPolicy  # noqa: E402
 from tasks.edge.client import details, submit_many  # noqa: E402
 from tasks.store import shared_state  # noqa: E402
@@ -90,14 +90,13 @@ class Bench:
     def collector(self, mode: str) -> None:
         self.system.stop("collector")
         shared_state.client().delete(shared_state.COLLECTOR_KEY)  # so we see the new one
-        self.system.extra_env["COLLECTOR_DISPATCH"] = mode
-        self.system.start_collector()
+        self.system.start_collector(env={"COLLECTOR_DISPATCH": mode})
 
     def device(self, name: str, *, slowdown: float = 1.0) -> None:
         self.system.start_device(name, env={"SYNTHETIC_SLOWDOWN": str(slowdown)})
 
     def stop_device(self, name: str) -> None:
-        self.system.stop(f"gpu-{name.replace(':', '')}", signal.SIGTERM)
+        self.system.stop(program_name(name))
 
     def ready(self, devices: int) -> None:
         def exactly() -> bool:

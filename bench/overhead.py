@@ -103,7 +103,7 @@ def main() -> None:
                 )
                 spies = []
                 if args.profile:
-                    pids = {name: p.pid for name, p in system.procs.items()} | {"client": os.getpid()}
+                    pids = system.pids() | {"client": os.getpid()}
                     spies = _profile(pids, args.profile / "pipeline", 6)
                 noop = bulk(
                     "noop",

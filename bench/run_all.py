@@ -226,7 +226,7 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
         log_dir=str(b.logs),
     )
     with system:
-        b.serving(lambda: [p.pid for p in system.procs.values()])
+        b.serving(lambda: list(system.pids().values()))
         connect(redis_url)
         # The baselines and the bare loop let the model cut long texts at its 256-token
         # limit; the pipeline's default refuses them at the edge instead. Cut them here

@@ -86,7 +86,9 @@ class DeviceRunner:
 
     # --- one batch ------------------------------------------------------------------
 
-    def execute(self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None) -> dict[str, Any]:
+    def execute(
+        self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None
+    ) -> dict[str, Any]:
         """Run one batch. A first delivery (as the broker says) skips asking which
         requests are already answered: none can be. A redelivered one is counted, and
         may be split first (`_came_back`)."""

@@ -51,9 +51,8 @@ def main() -> None:
     import environ
 
     environ.Env.read_env(ROOT / ".env", overwrite=False)
-    programs: dict[str, list[str]] = {}
-
     url = os.environ.get("REDIS_URL")
+    redis = None
     if url:
         print(f"using REDIS_URL={url}")
     elif redis_answers("redis://127.0.0.1:6379/0"):
@@ -63,13 +62,13 @@ def main() -> None:
         url = "redis://127.0.0.1:6379/0"
         data = ROOT / ".run" / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        programs["redis"] = processes.redis_server_command(6379, str(data))
-        print("no Redis at 127.0.0.1:6379: starting an embedded one there")
+        redis = (6379, str(data))
+        print("no Redis at 127.0.0.1:6379: starting an embedded one there, with an append-only file in .run/redis")
     os.environ["REDIS_URL"] = url
 
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)
     sync_policy = [sys.executable, "manage.py", "sync_policy"]
-    if "redis" in programs:
+    if redis is not None:
         # The embedded Redis starts under supervisord below, so publish once it answers;
         # until then the collector runs the default policy.
         subprocess.Popen([*sync_policy, "--wait", "60"])
@@ -84,14 +83,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    programs["web"] = processes.web_command(port=8000)
-    programs["collector"] = processes.collector_command()
-    for d in devices:
-        programs[f"gpu-{d.replace(':', '')}"] = processes.device_command(d)
-    flower = processes.flower_command(port=5555)
-    if os.environ.get("FLOWER_BASIC_AUTH"):
-        flower.append(f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}")
-    programs["flower"] = flower
+    programs = processes.programs(
+        devices, redis=redis, web_port=8000, flower_port=5555, flower_auth=os.environ.get("FLOWER_BASIC_AUTH")
+    )
 
     run_dir = ROOT / ".run"
     run_dir.mkdir(exist_ok=True)

@@ -64,6 +64,32 @@ def bare_redis() -> Iterator[object]:
 
 
 @pytest.fixture
+def bare_runner() -> Iterator[object]:
+    """A DeviceRunner on its own Redis (no collector, no other device), so its
+    heartbeat and outcomes touch nothing else."""
+    from django.conf import settings
+
+    from batching_site.celery import app
+    from batching_site.harness import LocalSystem
+    from gpu_workers.runner import DeviceRunner
+
+    previous = settings.REDIS_URL
+    system = LocalSystem()
+    runner = None
+    try:
+        system.start_redis()
+        assert system.redis_url
+        connect(system.redis_url)
+        runner = DeviceRunner(app, "cpu:7", preload=())
+        yield runner
+    finally:
+        if runner is not None:
+            runner.close()
+        system.close()
+        connect(previous)
+
+
+@pytest.fixture
 def redis_client(live_system: object):  # type: ignore[no-untyped-def]
     from tasks.store import shared_state
 

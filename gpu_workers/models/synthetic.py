@@ -26,6 +26,9 @@ It behaves like a padded GPU batch without needing one:
   ``!slow``  its cost counts 20x (a pathological input that dominates a batch)
   ``!fail``  the whole batch raises :class:`PoisonInput` before any sleeping,
              like an input that crashes the kernel; upstream must isolate it.
+  ``!crash`` the worker process dies at once (SIGKILL to itself), like an input that
+             segfaults the model or gets it killed for memory; only redelivery and
+             splitting across worker restarts can isolate it.
 
 * Output: 8 floats derived from sha256 of the text alone, L2-normalised, so a
   text's answer never depends on its batch-mates or device.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import signal
 import struct
 import threading
 import time
@@ -49,6 +53,7 @@ from .base import BatchRunner, ModelSpec, check_device
 __all__ = [
     "DEFAULT_OVERHEAD_S",
     "DEFAULT_PER_TOKEN_S",
+    "CRASH_MARKER",
     "DIM",
     "DeviceFault",
     "FAIL_MARKER",
@@ -66,6 +71,7 @@ DEFAULT_OVERHEAD_S = 0.002
 DEFAULT_PER_TOKEN_S = 0.0002
 SLOW_MARKER = "!slow"
 FAIL_MARKER = "!fail"
+CRASH_MARKER = "!crash"
 SLOW_FACTOR = 20
 _SPECIAL_TOKENS = 2
 
@@ -180,6 +186,8 @@ class SyntheticRunner(BatchRunner):
         if self.broken:
             raise DeviceFault(f"simulated device failure on {self.device} (SYNTHETIC_BROKEN=1)")
         for text in texts:
+            if CRASH_MARKER in text:
+                os.kill(os.getpid(), signal.SIGKILL)
             if FAIL_MARKER in text:
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
         seconds = self.batch_seconds(texts)

@@ -1,14 +1,45 @@
-"""The Redis client of this process, and pointing the process at another Redis."""
+"""The Redis client of this process, and pointing the process at another Redis.
+
+Every client here, and Celery's result backend (tasks/store/result_backend.py), retries
+a command that fails because Redis went away, for up to about `RETRY_FOR_S` seconds:
+long enough for a supervised Redis to restart from its append-only file. So a caller
+blocked on `AsyncResult.get()` when Redis restarts gets its answer, not a
+ConnectionError.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import redis
 from django.conf import settings
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from ..protocol.app import get_app
+
+#: About how long a command keeps retrying while Redis is away.
+RETRY_FOR_S = 20.0
+
+
+def retrying() -> dict[str, Any]:
+    """Connection options that retry a command through a Redis restart: exponential
+    backoff from 20 ms to 0.5 s, on a lost connection or while Redis loads its data."""
+    return {
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), int(RETRY_FOR_S / 0.5)),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError, BusyLoadingError],
+    }
+
+
+def backend_url(redis_url: str) -> str:
+    """The result backend setting for `redis_url`: Celery's Redis backend, retrying."""
+    return f"tasks.store.result_backend:RetryingRedisBackend+{redis_url}"
+
 
 _clients: dict[str, redis.Redis] = {}
 _clients_lock = threading.Lock()
@@ -20,7 +51,7 @@ def client(url: str | None = None) -> redis.Redis:
     url = url or settings.REDIS_URL
     with _clients_lock:
         if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30)
+            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30, **retrying())
         return _clients[url]
 
 
@@ -32,7 +63,7 @@ def connect(redis_url: str) -> None:
     app = get_app()
     settings.REDIS_URL = redis_url
     app.conf.broker_url = redis_url
-    app.conf.result_backend = redis_url
+    app.conf.result_backend = backend_url(redis_url)
     # Forget connections made to any earlier address. app.pool comes from kombu's
     # process-wide registry of pools, one per address: close them all and empty it, or
     # coming back to an address used before would hand out its closed pool.

@@ -4,14 +4,12 @@ and never the worker."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
+from batches import batch_of
 from celery.result import AsyncResult
-from django.conf import settings
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
@@ -23,7 +21,6 @@ from tasks.collector.loop import Collector
 from tasks.core.errors import InferenceError
 from tasks.edge.client import details
 from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
-from tasks.store.connection import connect
 
 # --- how device workers are started ----------------------------------------------------
 
@@ -79,51 +76,6 @@ class OutOfMemoryAbove(BatchRunner):
 
     def close(self) -> None:
         pass
-
-
-@pytest.fixture
-def bare_runner() -> Iterator[DeviceRunner]:
-    """A DeviceRunner on its own Redis (no collector, no other device), so its
-    heartbeat and outcomes touch nothing else."""
-    previous = settings.REDIS_URL
-    system = LocalSystem()
-    runner = None
-    try:
-        system.start_redis()
-        assert system.redis_url
-        connect(system.redis_url)
-        runner = DeviceRunner(app, "cpu:7", preload=())
-        yield runner
-    finally:
-        if runner is not None:
-            runner.close()
-        system.close()
-        connect(previous)
-
-
-def batch_of(texts: list[str]) -> dict[str, object]:
-    now = time.time()
-    requests = [
-        {
-            "id": str(uuid.uuid4()),
-            "text": t,
-            "tokens": len(t.split()) + 2,
-            "priority": "normal",
-            "submitted_at": now,
-            "deadline_at": None,
-            "truncated": False,
-            "waited_s": 0.0,
-        }
-        for t in texts
-    ]
-    return {
-        "batch_id": str(uuid.uuid4()),
-        "model": "synthetic",
-        "requests": requests,
-        "padded_tokens": len(texts) * max(r["tokens"] for r in requests),
-        "real_tokens": sum(r["tokens"] for r in requests),
-        "dispatched_at": now,
-    }
 
 
 def outcome(request: dict[str, object]) -> AsyncResult:

@@ -1,0 +1,113 @@
+"""Every failure path in a device ends in an answer or a counted redelivery: no batch is
+acked with a caller unanswered. Each test hands a batch straight to a device runner
+on a Redis of its own (`bare_runner`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from batches import batch_of
+from celery.result import AsyncResult
+
+from batching_site.celery import app
+from gpu_workers import runner as runner_module
+from gpu_workers.models import synthetic
+from gpu_workers.runner import DeviceRunner
+from gpu_workers.task import run_batch
+from tasks.core.errors import ModelUnavailable, WorkerCrashed
+from tasks.protocol import wire
+from tasks.protocol.names import BATCH_QUEUE, redeliveries_key
+from tasks.store import deliveries, shared_state
+
+
+def outcome(request: dict[str, Any]) -> AsyncResult:
+    return AsyncResult(str(request["id"]), app=app)
+
+
+def queued_batches() -> list[dict[str, Any]]:
+    """The batch bodies waiting in the shared queue, oldest first."""
+    raws = shared_state.client().lrange(BATCH_QUEUE, 0, -1)
+    return [wire.body(raw)[0][0] for raw in reversed(raws)]
+
+
+class Unloadable:
+    def load(self, device: str) -> Any:
+        raise FileNotFoundError("no weights at /models/custom/model.safetensors")
+
+
+def test_a_model_that_cannot_load_answers_each_request_naming_model_and_device(
+    bare_runner: DeviceRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "get_spec", lambda name: Unloadable())
+    batch = batch_of(["one", "two", "three"])
+    summary = bare_runner.execute(batch)
+    assert summary["written"] == 3
+    for req in batch["requests"]:
+        with pytest.raises(ModelUnavailable) as err:
+            outcome(req).get(timeout=5)
+        message = str(err.value)
+        assert "'synthetic'" in message and bare_runner.device_id in message and "no weights at" in message
+    # Not the device's fault: its circuit stays closed.
+    assert bare_runner.health.breaker.failures == 0
+
+
+def test_a_batch_that_comes_back_is_split_in_halves_and_nobody_is_answered_yet(bare_runner: DeviceRunner) -> None:
+    batch = batch_of([f"text {i}" for i in range(7)])
+    summary = bare_runner.execute(batch, redelivered=True, task_id=batch["batch_id"])
+    assert summary["split"] == [3, 4] and summary["redeliveries"] == 1
+    halves = queued_batches()
+    assert [[r["id"] for r in h["requests"]] for h in halves] == [
+        [r["id"] for r in batch["requests"][:3]],
+        [r["id"] for r in batch["requests"][3:]],
+    ]
+    assert [h["batch_id"] for h in halves] == [f"{batch['batch_id']}.a", f"{batch['batch_id']}.b"]
+    assert halves[0]["padded_tokens"] == 3 * max(r["tokens"] for r in batch["requests"][:3])
+    assert all(outcome(r).state == "PENDING" for r in batch["requests"])
+
+
+def test_a_lone_request_that_came_back_once_runs_again(bare_runner: DeviceRunner) -> None:
+    batch = batch_of(["alone"])
+    bare_runner.execute(batch, redelivered=True, task_id="lone-once")
+    assert outcome(batch["requests"][0]).get(timeout=5) == synthetic.embed("alone")
+
+
+def test_a_lone_request_that_keeps_coming_back_gets_its_own_error(bare_runner: DeviceRunner) -> None:
+    batch = batch_of(["kills its worker"])
+    deliveries.count(shared_state.client(), "lone-twice")  # it came back once already
+    summary = bare_runner.execute(batch, redelivered=True, task_id="lone-twice")
+    assert summary["written"] == 1 and summary["redeliveries"] == 2
+    with pytest.raises(
+        WorkerCrashed, match=f"died 2 times running this input alone \\(last on {bare_runner.device_id}"
+    ):
+        outcome(batch["requests"][0]).get(timeout=5)
+    assert shared_state.client().ttl(redeliveries_key("lone-twice")) > 0, "the counter expires"
+
+
+def test_a_batch_whose_answers_cannot_be_written_is_handed_back_not_acked(
+    bare_runner: DeviceRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_write(*args: object, **kwargs: object) -> int:
+        raise redis.ConnectionError("Redis went away while writing the answers")
+
+    monkeypatch.setattr(bare_runner._outcomes, "write", broken_write)
+    runner_module.install(bare_runner)
+    try:
+        result = run_batch.apply(args=[batch_of(["one", "two"])], task_id="unwritable")
+    finally:
+        runner_module.install(None)
+    # Celery's Reject with requeue: the broker gets the message back, marked redelivered.
+    assert result.state == "REJECTED", result.state
+    assert "Redis went away" in str(result.result)
+
+
+def test_a_malformed_batch_is_dropped_not_handed_back_forever(bare_runner: DeviceRunner) -> None:
+    runner_module.install(bare_runner)
+    try:
+        for body in ({"requests": "nope"}, ["not", "a", "dict"], {"batch_id": "b", "model": "m", "requests": [1]}):
+            result = run_batch.apply(args=[body])
+            assert result.state == "SUCCESS" and result.result == {"malformed": True}, json.dumps(body)
+    finally:
+        runner_module.install(None)
