@@ -3,6 +3,10 @@ is killed with SIGKILL; every caller must get its own correct answer.
 
     .venv/bin/python scripts/kill_drill.py gpu-cpu0      # or collector, web, flower
 
+and, against a `make run` that started its own Redis (`REDIS_PORT=6390 make run`):
+
+    REDIS_URL=redis://127.0.0.1:6390/0 .venv/bin/python scripts/kill_drill.py redis
+
 It kills the named supervised program's main process once a tenth of the answers are
 in, and restarts nothing itself. Exits 0 only if every request got its own answer.
 """
@@ -26,7 +30,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("program", help="supervised program to kill: gpu-cpu0, collector, web, flower, ...")
+    parser.add_argument("program", help="supervised program to kill: gpu-cpu0, collector, web, flower, redis, ...")
     parser.add_argument("-n", type=int, default=300)
     args = parser.parse_args()
 

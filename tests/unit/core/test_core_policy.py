@@ -20,6 +20,15 @@ def test_defaults_are_valid() -> None:
     assert p.share("high") == 0.6 and p.share("low") == 0.1
 
 
+def test_every_request_has_a_deadline_by_default() -> None:
+    # A caller blocked on .get() with no timeout is always answered (DeadlineExceeded
+    # at worst): the default is finite, and the admin's form starts from it.
+    from tasks.models import BatchingPolicy
+
+    assert BatchPolicy().default_deadline_s == 300.0
+    assert BatchingPolicy().default_deadline_s == 300.0
+
+
 @pytest.mark.parametrize(
     ("field", "value", "shown"),
     [
