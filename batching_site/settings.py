@@ -192,20 +192,27 @@ SLOW_ISOLATION = env.bool("SLOW_ISOLATION", default=True)
 #: SLOW_FLOOR_S. Tighter catches slow inputs sooner but cuts more batches on a noisy host.
 SLOW_FACTOR = env.float("SLOW_FACTOR", default=4.0)
 SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.05)
-#: No single model call runs longer than this, learned limit or not. By default 20 s,
-#: or two thirds of a shorter visibility timeout.
+#: One time bound for a whole batch, bisection and isolation included: each model call
+#: gets at most what is left of it, and what it leaves unrun goes back to the queue. By
+#: default 20 s, or two thirds of a shorter visibility timeout.
 BATCH_HARD_LIMIT_S = env.float("BATCH_HARD_LIMIT_S", default=min(20.0, VISIBILITY_TIMEOUT_S * 2 / 3))
+#: A model call still running this long past its hard limit is stuck in native code (a
+#: hung kernel): the device worker hands its batch back and kills itself, and the
+#: supervisor starts a fresh one (gpu_workers/watchdog.py).
+HANG_GRACE_S = env.float("HANG_GRACE_S", default=min(2.0, VISIBILITY_TIMEOUT_S / 6))
 _check(CIRCUIT_THRESHOLD >= 1, "CIRCUIT_THRESHOLD", CIRCUIT_THRESHOLD, "at least 1")
 _check(CIRCUIT_COOLDOWN_S > 0, "CIRCUIT_COOLDOWN_S", CIRCUIT_COOLDOWN_S, "a positive number of seconds")
 _check(MAX_BOUNCES >= 0, "MAX_BOUNCES", MAX_BOUNCES, "0 or more")
 _check(SLOW_FACTOR > 1, "SLOW_FACTOR", SLOW_FACTOR, "over 1")
 _check(SLOW_FLOOR_S > 0, "SLOW_FLOOR_S", SLOW_FLOOR_S, "a positive number of seconds")
-# A call still running when the broker hands its batch to another device would run twice.
+_check(HANG_GRACE_S > 0, "HANG_GRACE_S", HANG_GRACE_S, "a positive number of seconds")
+# A batch still running (or hung and not yet found) when the broker hands it to another
+# device would run twice.
 _check(
-    0 < BATCH_HARD_LIMIT_S < VISIBILITY_TIMEOUT_S,
+    BATCH_HARD_LIMIT_S > 0 and BATCH_HARD_LIMIT_S + HANG_GRACE_S < VISIBILITY_TIMEOUT_S,
     "BATCH_HARD_LIMIT_S",
     BATCH_HARD_LIMIT_S,
-    f"positive and under VISIBILITY_TIMEOUT_S ({VISIBILITY_TIMEOUT_S})",
+    f"positive, and with HANG_GRACE_S ({HANG_GRACE_S}) under VISIBILITY_TIMEOUT_S ({VISIBILITY_TIMEOUT_S})",
 )
 #: Gunicorn worker processes of the web role (python -m batching_site.serve web).
 WEB_WORKERS = env.int("WEB_WORKERS", default=2)

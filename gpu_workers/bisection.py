@@ -1,6 +1,11 @@
 """Running a batch so that only the inputs at fault fail: a batch that raises or runs
 past its time limit is split in halves and each half retried (at most log2(n) levels),
-and an input too slow to share a batch is run alone afterwards."""
+and an input too slow to share a batch is run alone afterwards.
+
+A whole batch, bisection and isolation included, runs within one time bound
+(BATCH_HARD_LIMIT_S, checked against the visibility timeout at start-up): each call's
+limit is cut to what is left of it, and what the bound leaves unrun comes back as
+UNRUN, for the runner to hand back to the queue."""
 
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: Marks a request that was too slow to run with others; it runs alone afterwards.
 SLOW = object()
+#: Marks a request that its batch's time bound left unrun.
+UNRUN = object()
 
 
 class Bisector:
@@ -27,7 +34,15 @@ class Bisector:
         self.watchdog = watchdog
         self.costs: dict[str, CostModel] = {}
 
-    def run(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]], *, slow_lane: bool = False) -> list[Any]:
+    def run(
+        self,
+        model: str,
+        runner: BatchRunner,
+        reqs: list[dict[str, Any]],
+        *,
+        slow_lane: bool = False,
+        until: float | None = None,
+    ) -> list[Any]:
         """Each request's result, its own exception, or SLOW, in order.
 
         Runs the requests as one batch under a time limit learned from past batches.
@@ -35,6 +50,8 @@ class Bisector:
         their batch-mates still get answers. A batch cut off for running too long is
         bisected the same way, and a single request too slow on its own comes back as
         SLOW, to be run alone afterwards (`slow_lane=True`, under the hard limit only).
+        `until` (time.monotonic()) is the batch's time bound: requests it leaves no time
+        for come back as UNRUN.
         """
         costs = self.costs.get(model)
         if costs is None:
@@ -43,9 +60,17 @@ class Bisector:
             )
         padded = len(reqs) * max(r["tokens"] for r in reqs)
         limit = costs.limit_s(padded) if settings.SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
+        hard = costs.hard_limit_s
+        if until is not None:
+            left = until - time.monotonic()
+            if left <= 0:
+                return [UNRUN] * len(reqs)
+            limit, hard = min(limit, left), min(hard, left)
         t0 = time.perf_counter()
         try:
-            with self.watchdog.limit(limit):
+            # Past its limit the call is interrupted between bytecodes; still running past
+            # the hard limit plus a grace, it is stuck in native code (watchdog.on_hung).
+            with self.watchdog.limit(limit, hung_after=hard + settings.HANG_GRACE_S):
                 out = runner.run_batch([r["text"] for r in reqs])
             if len(out) != len(reqs):
                 raise BatchOutputMismatch(len(reqs), len(out))
@@ -53,18 +78,20 @@ class Bisector:
             return [exc] * len(reqs)
         except BatchTooSlow:
             log.warning("batch of %d (%d padded tokens) passed its %.3fs limit", len(reqs), padded, limit)
+            if until is not None and time.monotonic() >= until:
+                return [UNRUN] * len(reqs)
             if slow_lane or len(reqs) == 1:
                 return [SLOW if not slow_lane else InferenceError(f"ran past the {limit:.0f}s hard limit")]
-            return self._halves(model, runner, reqs)
+            return self._halves(model, runner, reqs, until)
         except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
             runner.after_failure(exc)
             if len(reqs) == 1:
                 return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
-            return self._halves(model, runner, reqs)
+            return self._halves(model, runner, reqs, until)
         if not slow_lane:
             costs.observe(padded, time.perf_counter() - t0)
         return list(out)
 
-    def _halves(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]]) -> list[Any]:
+    def _halves(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]], until: float | None) -> list[Any]:
         mid = len(reqs) // 2
-        return self.run(model, runner, reqs[:mid]) + self.run(model, runner, reqs[mid:])
+        return self.run(model, runner, reqs[:mid], until=until) + self.run(model, runner, reqs[mid:], until=until)

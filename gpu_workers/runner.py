@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -35,7 +36,7 @@ from tasks.store import deliveries, shared_state
 from tasks.store.outcomes import OutcomeWriter
 
 from . import resend
-from .bisection import SLOW, Bisector
+from .bisection import SLOW, UNRUN, Bisector
 from .health import DeviceHealth
 from .models import get_spec
 from .models.base import BatchRunner
@@ -57,7 +58,9 @@ class DeviceRunner:
         self.requests = 0
         self.busy_s = 0.0
         self.isolated = 0
-        self.watchdog = Watchdog()
+        self.watchdog = Watchdog(on_hung=self._hung)
+        #: The batch being run and its requests to run, for `_hung`.
+        self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
         self.bisector = Bisector(self.watchdog)
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -90,17 +93,28 @@ class DeviceRunner:
         self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None
     ) -> dict[str, Any]:
         """Run one batch. A first delivery (as the broker says) skips asking which
-        requests are already answered: none can be. A redelivered one is counted, and
-        may be split first (`_came_back`)."""
+        requests are already answered: none can be. One that came back (redelivered by
+        the broker, or handed back by a device) is counted, and may be split first
+        (`_came_back`)."""
         if not self.health.may_run(batch):
             return self.health.bounce(batch)
-        started = time.time()
         requests: list[dict[str, Any]] = batch["requests"]
-        todo = self._unanswered(requests) if redelivered or batch.get("bounces") else list(requests)
-        if redelivered and todo:
-            came_back = self._came_back(batch, todo, task_id or batch["batch_id"])
-            if came_back is not None:
-                return came_back
+        came_back = redelivered or bool(batch.get("came_back"))
+        todo = self._unanswered(requests) if came_back or batch.get("bounces") else list(requests)
+        if came_back and todo:
+            reply = self._came_back(batch, todo, task_id if redelivered else None)
+            if reply is not None:
+                return reply
+        self._running = (batch, todo)
+        try:
+            return self._execute(batch, todo)
+        finally:
+            self._running = None
+
+    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
+        started = time.time()
+        # One time bound for the whole batch, bisection and isolation included.
+        until = time.monotonic() + settings.BATCH_HARD_LIMIT_S
         late: list[dict[str, Any]] = []
         live: list[dict[str, Any]] = []
         for r in todo:
@@ -112,27 +126,31 @@ class DeviceRunner:
 
         slow_lane = batch.get("lane") == "slow"
         t0 = time.perf_counter()
-        results = self._run(batch["model"], live, slow_lane=slow_lane) if live else []
+        results = self._run(batch["model"], live, slow_lane=slow_lane, until=until) if live else []
         run_s = time.perf_counter() - t0
         base = self._base(batch, started, run_s)
-        if self.health.judge(batch, results):
+        if self.health.judge(batch, [res for res in results if res is not UNRUN]):
             return self.health.bounce(batch)  # the device failed, not these inputs
 
         slow = [r for r, res in zip(live, results, strict=True) if res is SLOW]
+        unrun = [r for r, res in zip(live, results, strict=True) if res is UNRUN]
         outcomes += [
             self._outcome(r, res, base, isolated=slow_lane)
             for r, res in zip(live, results, strict=True)
-            if res is not SLOW
+            if res is not SLOW and res is not UNRUN
         ]
         also = self._also(batch, outcomes, base, run_s)
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
             written = self._outcomes.write(outcomes)
-            isolated = self._isolate(batch["model"], slow, base)
+            isolated, left = self._isolate(batch["model"], slow, base, until)
+            unrun += left
             outcomes += isolated
             written += self._outcomes.write(isolated, also=also)
         else:
             written = self._outcomes.write(outcomes, also=also)
+        if unrun:
+            self._hand_back(batch, unrun, "r", "its batch used up its time bound")
         self.batches += 1
         self.requests += len(live)
         self.busy_s += time.perf_counter() - t0
@@ -140,15 +158,16 @@ class DeviceRunner:
         return {
             "batch_id": batch["batch_id"],
             "device": self.device_id,
-            "size": len(requests),
-            "ran": len(live),
+            "size": len(batch["requests"]),
+            "ran": len(live) - len(unrun),
             "written": written,
-            "skipped": len(requests) - len(todo),
+            "skipped": len(batch["requests"]) - len(todo),
             "isolated": len(slow),
+            "handed_back": len(unrun),
             "run_ms": base["run_ms"],
         }
 
-    def _run(self, model: str, live: list[dict[str, Any]], *, slow_lane: bool) -> list[Any]:
+    def _run(self, model: str, live: list[dict[str, Any]], *, slow_lane: bool, until: float) -> list[Any]:
         """Each request's result or its own error. A model that cannot load answers
         every request with an error naming the model and this device (health.judge
         bounces the batch when that error blames the device, such as out of memory)."""
@@ -157,20 +176,26 @@ class DeviceRunner:
         except Exception as exc:  # noqa: BLE001 - becomes each request's error
             log.exception("could not load model %s on %s", model, self.device_id)
             return [ModelUnavailable(model, self.device_id, f"{type(exc).__name__}: {exc}")] * len(live)
-        return self.bisector.run(model, runner, live, slow_lane=slow_lane)
+        return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until)
 
-    def _came_back(self, batch: dict[str, Any], todo: list[dict[str, Any]], task_id: str) -> dict[str, Any] | None:
-        """A batch the broker handed out again: its worker died running it (a segfault,
-        an out-of-memory kill), or could not finish it. A batch of several is split in
-        halves, each sent on its own, so an input that kills workers ends up alone; a
-        lone request that came back POISON_REDELIVERIES times gets its own error. None:
-        run it (again) here."""
-        times = deliveries.count(shared_state.client(), task_id)
+    def _came_back(
+        self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None
+    ) -> dict[str, Any] | None:
+        """A batch that did not finish before: the broker redelivered it (its worker
+        died running it: a segfault, an out-of-memory kill), or a device handed it back
+        (it hung, or its time bound ran out). Each time counts: the broker's
+        redeliveries in Redis (`redelivered_as`, its task id), hand-backs in the batch.
+        A batch of several is split in halves, each sent on its own, so an input at
+        fault ends up alone; a lone request that came back POISON_REDELIVERIES times
+        gets its own error. None: run it (again) here."""
+        times = int(batch.get("handed_back") or 0)
+        if redelivered_as is not None:
+            times += deliveries.count(shared_state.client(), redelivered_as)
         reply = {"batch_id": batch["batch_id"], "device": self.device_id, "redeliveries": times}
         if len(todo) > 1:
             mid = len(todo) // 2
             for suffix, requests in (("a", todo[:mid]), ("b", todo[mid:])):
-                half = resend.part(batch, requests, suffix)
+                half = {**resend.part(batch, requests, suffix), "came_back": False, "handed_back": 0}
                 resend.resend(self.app, half, half["batch_id"])
             log.warning("batch %s came back (%d times): split in halves", batch["batch_id"], times)
             return {**reply, "split": [mid, len(todo) - mid]}
@@ -181,6 +206,33 @@ class DeviceRunner:
         error = WorkerCrashed(r["id"], times, self.device_id)
         written = self._outcomes.write([Outcome(r["id"], error=error, details={"device": self.device_id})])
         return {**reply, "written": written}
+
+    def _hand_back(self, batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str, why: str) -> None:
+        """Send requests this device could not finish back to the shared queue, as a
+        batch that counts as having come back once more."""
+        part = {
+            **resend.part(batch, requests, suffix),
+            "came_back": True,
+            "handed_back": int(batch.get("handed_back") or 0) + 1,
+        }
+        log.warning("handing %d request(s) of batch %s back: %s", len(requests), batch["batch_id"], why)
+        resend.resend(self.app, part, part["batch_id"])
+
+    def _hung(self) -> None:
+        """Called by the watchdog's thread when a model call is stuck in native code
+        past its hard limit: hand the batch back for another device, then die, so the
+        supervisor starts a fresh worker (a stuck kernel cannot be interrupted)."""
+        running = self._running
+        log.critical("device %s is hung inside a model call; handing its batch back and exiting", self.device_id)
+        self._stop.set()  # no more heartbeats from a worker that cannot work
+        try:
+            if running is not None:
+                batch, todo = running
+                left = self._unanswered(todo)
+                if left:
+                    self._hand_back(batch, left, "h", "the device hung")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _unanswered(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         todo_ids = self._outcomes.missing([r["id"] for r in requests])
@@ -240,19 +292,25 @@ class DeviceRunner:
 
         return also
 
-    def _isolate(self, model: str, slow: list[dict[str, Any]], base: dict[str, Any]) -> list[Outcome]:
+    def _isolate(
+        self, model: str, slow: list[dict[str, Any]], base: dict[str, Any], until: float
+    ) -> tuple[list[Outcome], list[dict[str, Any]]]:
         """Run each too-slow input alone, remember it so the collector sends it to the
-        slow lane next time, and mark its result as isolated."""
+        slow lane next time, and mark its result as isolated. Returns the outcomes, and
+        the inputs the batch's time bound left unrun."""
         runner = self.model(model)
-        outcomes = []
+        outcomes, unrun = [], []
         for r in slow:
             fp = fingerprint(model, r["text"])
             shared_state.remember_slow_input(fp)
             self._emit({"kind": "slow", "fingerprint": fp})
             self.isolated += 1
-            res = self.bisector.run(model, runner, [r], slow_lane=True)[0]
-            outcomes.append(self._outcome(r, res, base, isolated=True))
-        return outcomes
+            res = self.bisector.run(model, runner, [r], slow_lane=True, until=until)[0]
+            if res is UNRUN:
+                unrun.append(r)
+            else:
+                outcomes.append(self._outcome(r, res, base, isolated=True))
+        return outcomes, unrun
 
     # --- talking to the collector -----------------------------------------------------
 

@@ -8,6 +8,12 @@ layers (and the synthetic model between sleep slices), never in the middle of a 
 Why it cannot leak: the watchdog fires only while a limit is armed, under the same lock
 that disarms it, and disarming clears an exception that fired but was not yet raised.
 So BatchTooSlow is raised inside the `with` block (or at its exit) or not at all.
+
+A call stuck in native code (a CUDA kernel that never returns, a blocking C call) never
+reaches a bytecode boundary, so no exception can reach it. `limit(..., hung_after=s)`
+covers that: if the call is still running `s` seconds after it started, the watchdog
+calls `on_hung` from its own thread (the device runner then gives the batch back and
+kills its process, and the supervisor starts a fresh one).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -29,20 +35,24 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
 
 
 class Watchdog:
-    def __init__(self) -> None:
+    def __init__(self, on_hung: Callable[[], object] | None = None) -> None:
         self._cond = threading.Condition()
+        self._on_hung = on_hung
         self._target: int | None = None
         self._deadline: float | None = None
+        self._hung_at: float | None = None
         self._fired = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="batch-watchdog", daemon=True)
         self._thread.start()
 
     @contextmanager
-    def limit(self, seconds: float) -> Iterator[None]:
+    def limit(self, seconds: float, *, hung_after: float | None = None) -> Iterator[None]:
         with self._cond:
+            now = time.monotonic()
             self._target = threading.get_ident()
-            self._deadline = time.monotonic() + seconds
+            self._deadline = now + seconds
+            self._hung_at = None if hung_after is None else now + hung_after
             self._fired = False
             self._cond.notify_all()
         try:
@@ -51,7 +61,7 @@ class Watchdog:
             with self._cond:
                 if self._fired and self._target is not None:
                     _set_async_exc(self._target, None)
-                self._target = self._deadline = None
+                self._target = self._deadline = self._hung_at = None
                 self._fired = False
 
     def close(self) -> None:
@@ -63,13 +73,19 @@ class Watchdog:
     def _loop(self) -> None:
         with self._cond:
             while not self._closed:
-                if self._deadline is None or self._target is None:
+                if self._target is None or (self._deadline is None and self._hung_at is None):
                     self._cond.wait()
                     continue
-                remaining = self._deadline - time.monotonic()
-                if remaining > 0:
-                    self._cond.wait(remaining)
+                now = time.monotonic()
+                if self._hung_at is not None and now >= self._hung_at:
+                    self._hung_at = None
+                    if self._on_hung is not None:
+                        self._on_hung()
                     continue
-                _set_async_exc(self._target, BatchTooSlow)
-                self._fired = True
-                self._deadline = None
+                if self._deadline is not None and now >= self._deadline:
+                    _set_async_exc(self._target, BatchTooSlow)
+                    self._fired = True
+                    self._deadline = None
+                    continue
+                wake = min(t for t in (self._deadline, self._hung_at) if t is not None)
+                self._cond.wait(wake - now)

@@ -26,6 +26,8 @@ It behaves like a padded GPU batch without needing one:
   ``!slow``  its cost counts 20x (a pathological input that dominates a batch)
   ``!fail``  the whole batch raises :class:`PoisonInput` before any sleeping,
              like an input that crashes the kernel; upstream must isolate it.
+  ``!hang``  the call blocks inside a C function (libc ``sleep``) for an hour, like a
+             kernel that never returns: no exception can interrupt it.
   ``!crash`` the worker process dies at once (SIGKILL to itself), like an input that
              segfaults the model or gets it killed for memory; only redelivery and
              splitting across worker restarts can isolate it.
@@ -39,6 +41,7 @@ The sleep function is injectable (``SyntheticSpec(sleep=...)`` or
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
 import os
@@ -57,6 +60,7 @@ __all__ = [
     "DIM",
     "DeviceFault",
     "FAIL_MARKER",
+    "HANG_MARKER",
     "SLOW_FACTOR",
     "SLOW_MARKER",
     "PoisonInput",
@@ -72,6 +76,7 @@ DEFAULT_PER_TOKEN_S = 0.0002
 SLOW_MARKER = "!slow"
 FAIL_MARKER = "!fail"
 CRASH_MARKER = "!crash"
+HANG_MARKER = "!hang"
 SLOW_FACTOR = 20
 _SPECIAL_TOKENS = 2
 
@@ -188,6 +193,8 @@ class SyntheticRunner(BatchRunner):
         for text in texts:
             if CRASH_MARKER in text:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if HANG_MARKER in text:
+                ctypes.CDLL(None).sleep(3600)
             if FAIL_MARKER in text:
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
         seconds = self.batch_seconds(texts)

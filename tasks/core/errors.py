@@ -81,8 +81,9 @@ class RequestLost(BatchingError):
 
 
 class WorkerCrashed(BatchingError):
-    """A device worker process died while running this request, alone, every time it
-    was tried: the input kills the process (a segfault, an abort, an out-of-memory kill)."""
+    """Every time this request was tried alone, its device worker did not finish it: the
+    process died (a segfault, an abort, an out-of-memory kill), hung in native code, or
+    ran out of the batch's time bound."""
 
     def __init__(self, request_id: str, crashes: int, device: str) -> None:
         super().__init__(request_id, crashes, device)
@@ -90,8 +91,8 @@ class WorkerCrashed(BatchingError):
 
     def __str__(self) -> str:
         return (
-            f"request {self.request_id}: the device worker process died {self.crashes} times running this input "
-            f"alone (last on {self.device}); it was not retried again. Its batch-mates were answered"
+            f"request {self.request_id}: its device worker died, hung or ran out of time {self.crashes} times "
+            f"running this input alone (last on {self.device}); it was not tried again. Its batch-mates were answered"
         )
 
 

@@ -155,13 +155,43 @@ def test_input_that_kills_its_worker_fails_alone_and_its_batch_mates_are_answere
     results = submit_many(texts, model="synthetic")
     for t, r in zip(texts, results, strict=True):
         if "!crash" in t:
-            with pytest.raises(WorkerCrashed, match="died 2 times running this input alone"):
+            with pytest.raises(WorkerCrashed, match="2 times running this input alone"):
                 r.get(timeout=150)
         else:
             assert r.get(timeout=150) == synthetic.embed(t)
     chaos_system.wait_ready(2)
     # Both workers are still there, restarted by supervisord, and serve the next request.
     assert submit("after the crashes", model="synthetic").get(timeout=30) == synthetic.embed("after the crashes")
+
+
+def test_a_device_hung_in_native_code_is_replaced_and_its_batch_answered_elsewhere(
+    chaos_system: LocalSystem,
+) -> None:
+    # One input blocks its model call inside a C function, like a kernel that never
+    # returns. The worker finds the call stuck past the batch's hard limit plus a
+    # grace, hands the batch back and kills itself; supervisord starts a fresh one.
+    pids = {name: chaos_system.pid(name) for name in ("gpu-cpu0", "gpu-cpu1")}
+    texts = [f"hang test {i}" for i in range(8)]
+    texts[3] = "hang test !hang"
+    t0 = time.monotonic()
+    results = submit_many(texts, model="synthetic")
+    first_answer = None
+    for t, r in zip(texts, results, strict=True):
+        if "!hang" in t:
+            continue
+        assert r.get(timeout=120) == synthetic.embed(t)
+        first_answer = first_answer or time.monotonic() - t0
+    with pytest.raises(WorkerCrashed, match="2 times running this input alone"):
+        results[3].get(timeout=120)
+    chaos_system.wait_ready(2)
+    replaced = [name for name, pid in pids.items() if chaos_system.pid(name) != pid]
+    assert replaced, "no hung worker was replaced"
+    assert submit("after the hang", model="synthetic").get(timeout=30) == synthetic.embed("after the hang")
+    print(
+        f"\nhung device (hard limit 2.67 s + grace 0.67 s at a 4 s visibility timeout): first batch-mate "
+        f"answered {first_answer:.1f}s after submit; {len(replaced)} worker(s) replaced; "
+        f"all done in {time.monotonic() - t0:.1f}s"
+    )
 
 
 def test_fifty_all_failing_api_batches_open_no_circuit(chaos_system: LocalSystem) -> None:

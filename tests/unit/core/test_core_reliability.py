@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 
@@ -76,5 +77,25 @@ def test_watchdog_cuts_off_a_slow_call_and_leaks_nothing() -> None:
         deadline = time.monotonic() + 0.1
         while time.monotonic() < deadline:
             release.wait(0.001)
+    finally:
+        w.close()
+
+
+def test_watchdog_reports_a_call_stuck_in_native_code_and_only_that() -> None:
+    hung = threading.Event()
+    w = Watchdog(on_hung=hung.set)
+    try:
+        # Inside a C call no exception can land: the cut-off at 20 ms waits for the call
+        # to return, and at 100 ms the call is reported as hung.
+        libc = ctypes.CDLL(None)
+        with pytest.raises(BatchTooSlow), w.limit(0.02, hung_after=0.1):
+            libc.usleep(300_000)
+        assert hung.is_set()
+        # A call that returns in time is never reported.
+        hung.clear()
+        with w.limit(1.0, hung_after=0.05):
+            pass
+        time.sleep(0.1)  # the watchdog would have reported it by now
+        assert not hung.is_set()
     finally:
         w.close()
