@@ -66,10 +66,13 @@ class LocalSystem:
         log_dir: str | None = None,
         web: bool = False,
         flower: bool = False,
+        program_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.devices = ["cpu:0", "cpu:1"] if devices is None else devices
         self.preload = preload
         self.extra_env = env or {}
+        #: More environment for single programs, by name (a skewed clock, say).
+        self.program_env = program_env or {}
         self._tmp = tempfile.mkdtemp(prefix="batching-")
         self.log_dir = log_dir or self._tmp
         self._programs_dir = os.path.join(self._tmp, "programs")
@@ -113,7 +116,7 @@ class LocalSystem:
     def start(self, timeout: float = 120.0) -> LocalSystem:
         programs = self.programs()
         if "redis" in programs:
-            self.add("redis", programs.pop("redis"))
+            self.add("redis", programs.pop("redis"), self.program_env.get("redis"))
             self.wait_redis()
         if "web" in programs:
             subprocess.run(
@@ -123,7 +126,7 @@ class LocalSystem:
                 check=True,
             )
         for name, cmd in programs.items():
-            self.add(name, cmd)
+            self.add(name, cmd, self.program_env.get(name))
         self.wait_ready(len(self.devices), timeout)
         return self
 

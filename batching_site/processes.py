@@ -26,10 +26,12 @@ def _loglevel(given: str | None) -> str:
     return given or os.environ.get("LOG_LEVEL", "INFO")
 
 
-def collector_command(*, loglevel: str | None = None) -> list[str]:
+def collector_command(*, name: str = "collector", loglevel: str | None = None) -> list[str]:
+    """A collector. Any number may run: one is active (it holds the lease), the others
+    stand by to take over (tasks/store/lease.py)."""
     loglevel = _loglevel(loglevel)
     return _celery(
-        "tasks.collector.worker", "worker", "-n", "collector@%h", "-Q", CONTROL_QUEUE,
+        "tasks.collector.worker", "worker", "-n", f"{name}@%h", "-Q", CONTROL_QUEUE,
         "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle", "-l", loglevel,
     )  # fmt: skip
 
@@ -99,14 +101,16 @@ def programs(
 ) -> dict[str, list[str]]:
     """Every process of one system, by supervised program name, in start order: Redis
     (when `redis` gives its port and data folder: it then keeps an append-only file),
-    the web process, the collector, one worker per device and Flower. `make run` and
+    the web process, two collectors (active and standby), one worker per device and Flower. `make run` and
     the test harness both run exactly this set."""
     out: dict[str, list[str]] = {}
     if redis is not None:
         out["redis"] = redis_server_command(redis[0], redis[1], appendonly=True)
     if web_port is not None:
         out["web"] = web_command(port=web_port)
+    # Two collectors: one active, one standing by to take over within COLLECTOR_LEASE_S.
     out["collector"] = collector_command()
+    out["collector-standby"] = collector_command(name="collector-standby")
     for d in devices:
         out[program_name(d)] = device_command(d, preload=preload)
     if flower_port is not None:

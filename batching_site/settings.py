@@ -170,6 +170,15 @@ _check(COLLECTOR_WINDOW >= 1, "COLLECTOR_WINDOW", COLLECTOR_WINDOW, "at least 1"
 _check(COLLECTOR_BATCHES_AHEAD >= 0, "COLLECTOR_BATCHES_AHEAD", COLLECTOR_BATCHES_AHEAD, "0 or more")
 _check(COLLECTOR_DISPATCH in ("pull", "push"), "COLLECTOR_DISPATCH", COLLECTOR_DISPATCH, '"pull" or "push"')
 
+#: The active collector's lease: a standby takes over this long after the active one
+#: dies. The active one renews it every quarter second (tasks/store/lease.py).
+COLLECTOR_LEASE_S = env.float("COLLECTOR_LEASE_S", default=2.0)
+_check(COLLECTOR_LEASE_S >= 1, "COLLECTOR_LEASE_S", COLLECTOR_LEASE_S, "at least 1 second")
+
+#: Tests only: pretend this process's host clock is off by this many seconds (decisions
+#: read Redis's clock, tasks/store/clock.py, so nothing may change).
+CLOCK_SKEW_S = env.float("CLOCK_SKEW_S", default=0.0)
+
 # --- Device workers -----------------------------------------------------------------
 
 #: Device failures in a row that open a device's circuit (it stops pulling work), and

@@ -32,7 +32,7 @@ from tasks.protocol import events as flower_events
 from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE
 from tasks.protocol.results import Outcome
-from tasks.store import deliveries, shared_state
+from tasks.store import clock, deliveries, shared_state
 from tasks.store.outcomes import OutcomeWriter
 
 from . import resend
@@ -112,7 +112,7 @@ class DeviceRunner:
             self._running = None
 
     def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
-        started = time.time()
+        started = clock.now()  # Redis's clock, as the edge set the deadlines
         # One time bound for the whole batch, bisection and isolation included.
         until = time.monotonic() + settings.BATCH_HARD_LIMIT_S
         late: list[dict[str, Any]] = []
@@ -337,7 +337,7 @@ class DeviceRunner:
                         "isolated": self.isolated,
                         "circuit": self.health.breaker.state,
                         "circuit_trips": self.health.breaker.trips,
-                        "at": time.time(),
+                        "at": clock.now(),
                     },
                 )
             except Exception:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -13,7 +12,7 @@ from tasks.edge.client import submit
 from tasks.models import BatchingPolicy
 from tasks.protocol.app import get_app
 from tasks.protocol.names import PRIORITIES
-from tasks.store import redis_memory, shared_state
+from tasks.store import clock, redis_memory, shared_state
 
 from .errors import refusal
 
@@ -82,7 +81,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
             parts["redis_memory"] = memory.to_dict() if memory else "not reported by the server"
             if memory and memory.state == "warning":
                 warnings.append("redis_memory")
-    if collector and time.time() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
+    if collector and clock.now() - collector.get("at", 0) < shared_state.HEARTBEAT_TTL_S:
         parts["collector"] = {"hostname": collector.get("hostname"), "policy_version": collector.get("policy_version")}
     else:
         missing.append("collector")

@@ -5,7 +5,7 @@ ledger it sweeps and the heartbeat and metrics it writes."""
 from __future__ import annotations
 
 import logging
-import time
+import os
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -13,7 +13,7 @@ from django.conf import settings
 from ..core.errors import RequestLost
 from ..protocol.names import PRIORITIES
 from ..protocol.results import Outcome
-from ..store import ledger, request_queues, shared_state
+from ..store import clock, ledger, request_queues, shared_state
 
 if TYPE_CHECKING:
     from .loop import Collector
@@ -28,6 +28,7 @@ SWEEP_EVERY_S = 5.0
 
 
 def run(c: Collector, r: Any, now: float) -> None:
+    c.lease.renew()  # raises LeaseLost if another collector took over
     apply_policy(c, shared_state.read_policy(r))
     read_devices(c, r)
     for batch_id, age in c.slots.reclaim_stale():
@@ -58,7 +59,7 @@ def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:
     """Queue again any accepted request that has gone missing, or answer it with
     `RequestLost` once it has been queued again `LEDGER_ATTEMPTS` times (the rule is in
     tasks/store/ledger.py)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     overdue = ledger.overdue(r, now - settings.LEDGER_GRACE_S)
     if not overdue:
         return
@@ -89,12 +90,14 @@ def heartbeat(c: Collector, r: Any) -> dict[str, int]:
     shared_state.collector_heartbeat(
         {
             "hostname": c.hostname,
+            "pid": os.getpid(),
+            "lease": c.lease.token,
             "policy_version": c.policy.version,
             "devices": c.devices,
             "outstanding": len(c.slots),
             "buffered": buffered,
             "stats": c.stats,
-            "at": time.time(),
+            "at": clock.now(),
         },
         r,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..core.scheduler import Item
@@ -39,10 +38,10 @@ def parse_request(raw: bytes, priority: str) -> tuple[str, Request]:
     return task_id, request
 
 
-def to_item(task_id: str, request: Request, *, now: float, slow: bool) -> Item[Held]:
-    """The scheduler's view of a request. Its age and deadline come in wall-clock time
-    from the edge and are turned into the collector's own clock here."""
-    wall = time.time()
+def to_item(task_id: str, request: Request, *, now: float, wall: float, slow: bool) -> Item[Held]:
+    """The scheduler's view of a request. Its age and deadline come in Redis's clock
+    from the edge (tasks/store/clock.py) and are turned into the collector's own clock
+    (`now`) here; `wall` is Redis's clock at the same moment."""
     age = max(0.0, wall - request.submitted_at)
     deadline = None if request.deadline_at is None else now + (request.deadline_at - wall)
     return Item(

@@ -47,13 +47,17 @@ from ..core.slowness import fingerprint
 from ..protocol import wire
 from ..protocol.names import EVENTS_QUEUE
 from ..protocol.results import Outcome
-from ..store import request_queues, shared_state
+from ..store import clock, request_queues, shared_state
+from ..store.lease import Lease, LeaseLost
 from ..store.outcomes import OutcomeWriter
 from . import housekeeping, inbox
 from .inbox import Held
 from .outbox import Outbox, batch_body
 
 log = logging.getLogger(__name__)
+
+#: How often a standby collector tries to take the lease.
+LEASE_POLL_S = 0.25
 
 
 class Collector:
@@ -83,7 +87,8 @@ class Collector:
         self.next_sweep = 0.0
         self.hostname = socket.gethostname()
         self.redis = shared_state.client()
-        self.outbox = Outbox(app, self.redis, dispatch=settings.COLLECTOR_DISPATCH)
+        self.lease = Lease(self.redis, settings.COLLECTOR_LEASE_S)
+        self.outbox = Outbox(app, self.redis, lease=self.lease, dispatch=settings.COLLECTOR_DISPATCH)
 
     # The dispatch mode and the devices' names belong to the outbox; these let a test
     # or a benchmark set them on the collector.
@@ -109,17 +114,44 @@ class Collector:
     # --- the loop -----------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        with self.app.connection_for_write() as pconn:
-            pconn.ensure_connection(max_retries=None)
-            self.outbox.producer = pconn.Producer(serializer="json")
+        """Stand by until this collector holds the lease, then collect until `stop`.
+        Raises LeaseLost if another collector took over meanwhile."""
+        if not self._stand_by(stop):
+            return
+        try:
             # Done-events from before this collector started describe batches it never sent.
             self.redis.delete(EVENTS_QUEUE)
             self._housekeeping(force=True)
             self._adopt()
-            log.info("collector ready: window %d per tier, %d device(s)", self.window, self.devices)
+            log.info(
+                "collector active (lease %s): window %d per tier, %d device(s)",
+                self.lease.token,
+                self.window,
+                self.devices,
+            )
             while not stop.is_set():
                 self._turn()
             self._drain_at_shutdown()
+        finally:
+            self.lease.release()
+
+    def _token(self) -> str:
+        if self.lease.token is None:
+            raise LeaseLost("this collector is not active")
+        return self.lease.token
+
+    def _stand_by(self, stop: threading.Event) -> bool:
+        """Wait until this collector takes the lease (another collector may be active).
+        False if stopped first."""
+        said = False
+        while not stop.is_set():
+            if self.lease.acquire():
+                return True
+            if not said:
+                log.info("another collector is active: standing by to take over")
+                said = True
+            stop.wait(LEASE_POLL_S)
+        return False
 
     def _turn(self) -> None:
         self._housekeeping()
@@ -142,7 +174,7 @@ class Collector:
         housekeeping.run(self, self.redis, now)
 
     def _take(self) -> None:
-        tiers, events = request_queues.take(self.redis, self.window)
+        tiers, events = request_queues.take(self.redis, self.window, self._token())
         for raw in events:
             self._on_event(raw)
         self._add(tiers)
@@ -179,13 +211,13 @@ class Collector:
             if task_id in self.held:
                 return  # queued again by the ledger sweep while we hold it: keep one copy
             slow = fingerprint(request.model, request.text) in self.slow_inputs
-            item = inbox.to_item(task_id, request, now=self.clock.now(), slow=slow)
+            item = inbox.to_item(task_id, request, now=self.clock.now(), wall=clock.now(), slow=slow)
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
             bad_id = wire.task_id_of(raw)
             log.error("rejecting malformed request message %s: %s", bad_id, exc)
             if bad_id:
                 self.outcomes.write([Outcome(bad_id, error=ValueError(f"malformed request message: {exc}"))])
-                request_queues.ack(self.redis, [(priority, bad_id)])
+                request_queues.ack(self.redis, self._token(), [(priority, bad_id)])
             self.stats["rejected"] += 1
             return
         sched = self.schedulers.get(request.model)
@@ -267,7 +299,7 @@ class Collector:
                 for i in expired
             ]
         )
-        request_queues.ack(self.redis, [(item.priority, item.id) for item in expired])
+        request_queues.ack(self.redis, self._token(), [(item.priority, item.id) for item in expired])
         for item in expired:
             self.held.pop(item.id, None)
         self.stats["expired"] += len(expired)
@@ -275,7 +307,9 @@ class Collector:
 
     def _drain_at_shutdown(self) -> None:
         """Dispatch what is held if any device can run it; put the rest back at the
-        head of its queue for the next collector."""
+        head of its queue for the next collector. (Only while still active: a standby
+        that took over has adopted all of it.)"""
+        self.lease.renew()
         if self.devices and self.held:
             log.info("collector shutting down: dispatching %d held request(s)", len(self.held))
             self._dispatch(force=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -13,7 +12,8 @@ from ..core.scheduler import Batch
 from ..protocol import events as flower_events
 from ..protocol import wire
 from ..protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
-from ..store import request_queues
+from ..store import clock, request_queues
+from ..store.lease import Lease, LeaseLost
 from . import rounds
 from .inbox import Held
 
@@ -43,17 +43,17 @@ def batch_body(model: str, batch: Batch[Held]) -> dict[str, Any]:
         "padded_tokens": batch.padded_tokens,
         "real_tokens": batch.real_tokens,
         "reason": batch.reason,
-        "dispatched_at": time.time(),
+        "dispatched_at": clock.now(),
         "lane": "slow" if any(i.payload and i.payload.slow for i in batch.items) else "normal",
     }
 
 
 class Outbox:
-    def __init__(self, app: Celery, redis: Any, *, dispatch: str = "pull") -> None:
+    def __init__(self, app: Celery, redis: Any, lease: Lease | None = None, *, dispatch: str = "pull") -> None:
         self.app = app
         self.redis = redis
-        #: Chords of batches (rounds) go through Celery's own producer; set by the loop.
-        self.producer: Any = None
+        #: Every dispatch carries this lease's fencing token.
+        self.lease = lease
         # "pull", or "push": the round-robin baseline of bench/devices_bench.py only.
         self.dispatch = dispatch
         self.device_names: list[str] = []
@@ -61,28 +61,29 @@ class Outbox:
 
     def send(self, bodies: list[dict[str, Any]], items: list[tuple[str, str]]) -> bool:
         """Publish batches and strike their (priority, id) requests off the held
-        hashes. Returns True if they went as a round."""
+        hashes, in one script. Returns True if they went as a round."""
+        if self.lease is None or self.lease.token is None:
+            raise LeaseLost("only the active collector dispatches")
+        argsrepr = [f"<batch of {len(b['requests'])}>" for b in bodies]
+        queues = [self.queue() for _ in bodies]
+        events = None
+        if settings.CELERY_TASK_SEND_SENT_EVENT:
+            sent = [(b["batch_id"], r) for b, r in zip(bodies, argsrepr, strict=True)]
+            events = flower_events.sent(self.app, BATCH_TASK, sent, queues[0])
         if len(bodies) == 1:
-            # The batch task is pushed and its requests struck off in one transaction.
-            body = bodies[0]
-            queue = self.queue()
-            argsrepr = f"<batch of {len(body['requests'])}>"
             # No caller waits on a lone batch's own result (each request has its own), so
             # the device does not store one; a round's batches keep theirs for the chord.
+            body = bodies[0]
             raw = wire.task_message(
-                self.app, BATCH_TASK, body["batch_id"], [body], queue, argsrepr=argsrepr, ignore_result=True
+                self.app, BATCH_TASK, body["batch_id"], [body], queues[0], argsrepr=argsrepr[0], ignore_result=True
             )
-            events = None
-            if settings.CELERY_TASK_SEND_SENT_EVENT:
-                events = flower_events.sent(self.app, BATCH_TASK, [(body["batch_id"], argsrepr)], queue)
-            request_queues.dispatch(self.redis, queue, raw, items, events)
+            request_queues.dispatch(self.redis, self.lease.token, [(queues[0], raw)], items, events)
             return False
         # A round: one chord, whose callback records the round (tasks/collector/rounds.py).
         # Callers do not wait on it; each request is answered by its own batch.
-        # Only once every batch is safely in the broker are their requests struck off.
-        meta = {"round_id": str(uuid.uuid4()), "dispatched_at": time.time()}
-        rounds.round_chord(self.app, [(b, self.queue()) for b in bodies], meta).apply_async(producer=self.producer)
-        request_queues.ack(self.redis, items)
+        meta = {"round_id": str(uuid.uuid4()), "dispatched_at": clock.now()}
+        messages, chord = rounds.round_messages(self.app, list(zip(bodies, queues, strict=True)), meta)
+        request_queues.dispatch(self.redis, self.lease.token, messages, items, events, chord)
         return True
 
     def queue(self) -> str:

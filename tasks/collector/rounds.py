@@ -18,23 +18,29 @@ batch is sent as a plain task and makes no round.
 It works with our JSON-only configuration: the body's signature travels in the header
 messages as a plain dict, and the header results are run_batch's small summary dicts.
 
-If the collector dies between publishing a round's first and last batch, the chord
-never completes and that round is simply not recorded; the requests are unaffected.
+A round is published in the same script that strikes its requests off the held hashes
+(tasks/store/request_queues.py::dispatch): `round_messages` builds the header messages
+exactly as Celery's chord would (group id, index and the callback in each) and the
+chord's size for the result backend, so the whole round goes out, or none of it, and no
+round can run twice.
 """
 
 from __future__ import annotations
 
-import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, chord, shared_task
 from celery.canvas import Signature
 
+from ..protocol import wire
 from ..protocol.names import BATCH_TASK, CONTROL_QUEUE, ROUND_TASK
+from ..store import clock
+from ..store.request_queues import Chord
 from ..store.rounds import recent, record
 
-__all__ = ["recent", "round_chord", "round_done", "summarize"]
+__all__ = ["recent", "round_chord", "round_done", "round_messages", "summarize"]
 
 
 def summarize(results: Sequence[dict[str, Any]], meta: dict[str, Any], finished_at: float) -> dict[str, Any]:
@@ -66,6 +72,36 @@ def round_chord(app: Celery, batches: Sequence[tuple[dict[str, Any], str]], meta
     return chord(header, callback)
 
 
+def round_messages(
+    app: Celery, batches: Sequence[tuple[dict[str, Any], str]], meta: dict[str, Any]
+) -> tuple[list[tuple[str, str]], Chord]:
+    """The round's (queue, task message) pairs, and its chord size for the result
+    backend: what `round_chord(...).apply_async()` would publish, as data."""
+    group_id = str(uuid.uuid4())
+    callback = round_chord(app, batches, meta).body
+    callback.freeze(group_id=group_id)
+    messages = [
+        (
+            queue,
+            wire.task_message(
+                app,
+                BATCH_TASK,
+                body["batch_id"],
+                [body],
+                queue,
+                argsrepr=f"<batch of {len(body['requests'])}>",
+                group_id=group_id,
+                group_index=i,
+                chord=callback,
+            ),
+        )
+        for i, (body, queue) in enumerate(batches)
+    ]
+    backend = app.backend
+    chord_size = Chord(backend.get_key_for_group(group_id, ".s"), len(batches), int(backend.chord_expires or 0))
+    return messages, chord_size
+
+
 @shared_task(name=ROUND_TASK, ignore_result=True)
 def round_done(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    record(summarize(results, meta, time.time()))
+    record(summarize(results, meta, clock.now()))

@@ -15,6 +15,7 @@ from typing import Any
 from celery import bootsteps
 from django.conf import settings
 
+from ..store.lease import LeaseLost
 from .loop import Collector
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ class CollectorStep(bootsteps.StartStopStep):
     def _run(self, collector: Collector) -> None:
         try:
             collector.run(self.stop_event)
+        except LeaseLost:
+            log.warning("collector lost its lease to another; exiting so the supervisor restarts it as a standby")
+            os._exit(1)
         except Exception:
             log.critical("collector loop crashed; exiting so the supervisor restarts it", exc_info=True)
             os._exit(1)

@@ -8,7 +8,6 @@ with ValueError or TypeError, before anything is enqueued.
 from __future__ import annotations
 
 import math
-import time
 
 from celery import shared_task
 
@@ -18,6 +17,7 @@ from ..core.errors import RequestTooLarge
 from ..core.policy import PRIORITIES, BatchPolicy
 from ..protocol.names import REQUEST_TASK
 from ..protocol.request import Request
+from ..store import clock
 
 #: Longer texts are refused before tokenizing: counting megabytes of text would let one
 #: caller stall the edge. The model sees at most a few hundred tokens anyway.
@@ -68,7 +68,7 @@ def accept(
         else:
             raise RequestTooLarge(tokens, limit, what)
 
-    now = time.time()
+    now = clock.now()  # Redis's clock: the collector and devices judge the deadline
     return Request(
         text=text,
         tokens=tokens,

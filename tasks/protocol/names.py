@@ -74,8 +74,12 @@ POLICY_KEY = PREFIX + "policy"
 DEVICE_PREFIX = PREFIX + "device:"
 #: Sorted set: device id -> time of its last heartbeat, an index of DEVICE_PREFIX keys.
 DEVICES_INDEX = PREFIX + "devices"
-#: The collector's own heartbeat.
+#: The active collector's own heartbeat.
 COLLECTOR_KEY = PREFIX + "collector"
+#: The active collector's lease: its fencing token, expiring unless renewed.
+COLLECTOR_LEASE_KEY = PREFIX + "collector:lease"
+#: Counter: the last fencing token handed out; each new active collector gets the next.
+COLLECTOR_EPOCH_KEY = PREFIX + "collector:epoch"
 #: Fingerprints of inputs too slow to share a batch: they go to the slow lane.
 SLOW_INPUTS_KEY = PREFIX + "slow_inputs"
 #: Capped list of recorded rounds, newest first.

@@ -14,7 +14,7 @@ class Request:
     tokens: int
     model: str
     priority: str
-    #: Wall-clock seconds (time.time()) when the edge accepted it.
+    #: When the edge accepted it, by Redis's clock (tasks/store/clock.py).
     submitted_at: float
     #: Wall-clock seconds after which it must not be dispatched; None for no deadline.
     deadline_at: float | None = None

@@ -45,8 +45,10 @@ def task_message(
     *,
     argsrepr: str | None = None,
     ignore_result: bool = False,
+    **options: Any,
 ) -> str:
-    """One task message for `queue`, serialized as the transport keeps it."""
+    """One task message for `queue`, serialized as the transport keeps it. `options`
+    are Celery's own message fields (a chord member's group_id, group_index, chord)."""
     m = app.amqp.as_task_v2(
         task_id,
         name,
@@ -54,6 +56,7 @@ def task_message(
         argsrepr=argsrepr if argsrepr is not None else f"<{len(args)} args>",
         kwargsrepr="{}",
         ignore_result=ignore_result,
+        **options,
     )
     return envelope(m.body, queue, queue, headers=m.headers, properties=m.properties)
 

@@ -26,8 +26,8 @@ The repairs off the hot path, `release` (a collector shutting down) and `republi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -37,6 +37,7 @@ from ..protocol import events as flower_events
 from ..protocol import lua, wire
 from ..protocol.events import Events
 from ..protocol.names import (
+    COLLECTOR_LEASE_KEY,
     EVENTS_QUEUE,
     LEDGER_KEY,
     LEDGER_PAYLOADS_KEY,
@@ -45,11 +46,15 @@ from ..protocol.names import (
     held_key,
     request_queue_name,
 )
-from . import ledger
+from . import clock, ledger
+from .lease import LeaseLost
 
 # Built once: a Script keeps its SHA and runs on whichever client each call names.
 _ADMIT_SCRIPT = Script(None, lua.source("admit"))
 _TAKE_SCRIPT = Script(None, lua.source("take"))
+_DISPATCH_SCRIPT = Script(None, lua.source("dispatch"))
+#: A tier's position among the held hashes that the dispatch script is given (1-based).
+_TIER_INDEX = {p: i + 1 for i, p in enumerate(PRIORITIES)}
 
 
 def admit(
@@ -61,7 +66,7 @@ def admit(
 ) -> tuple[bool, int]:
     """Enqueue `entries` (id, message) unless the tier would pass its cap, and then
     publish their task-sent `events`. Returns (accepted, depth before)."""
-    args: list[Any] = [cap, time.time()]
+    args: list[Any] = [cap, clock.now()]
     if events:
         channels = flower_events.topics(events.app)
         args += [events.message(), len(channels), *channels]
@@ -74,16 +79,21 @@ def admit(
     return bool(ok), int(depth)
 
 
-def take(r: redis.Redis, window: int) -> tuple[dict[str, list[bytes]], list[bytes]]:
+def take(r: redis.Redis, window: int, token: str) -> tuple[dict[str, list[bytes]], list[bytes]]:
     """Up to `window` held per tier: the newly taken messages of each tier, oldest
-    first, and the waiting events, oldest first."""
+    first, and the waiting events, oldest first. Raises LeaseLost (moving nothing)
+    unless `token` is the lease's fencing token."""
     keys = [
         *(request_queue_name(p) for p in PRIORITIES),
         *(held_key(p) for p in PRIORITIES),
         WAKE_KEY,
         EVENTS_QUEUE,
+        COLLECTOR_LEASE_KEY,
     ]
-    *tiers, events = _TAKE_SCRIPT(keys=keys, args=[window], client=r)
+    out = _TAKE_SCRIPT(keys=keys, args=[window, token], client=r)
+    if not out:
+        raise LeaseLost("another collector holds the lease")
+    *tiers, events = out
     return dict(zip(PRIORITIES, tiers, strict=True)), list(reversed(events))
 
 
@@ -105,37 +115,51 @@ def held(r: redis.Redis) -> dict[str, list[bytes]]:
     return dict(zip(PRIORITIES, pipe.execute(), strict=True))
 
 
-def _strike(pipe: Any, items: Iterable[tuple[str, str]]) -> None:
-    by_tier: dict[str, list[str]] = {}
-    for priority, task_id in items:
-        by_tier.setdefault(priority, []).append(task_id)
-    for priority, ids in by_tier.items():
-        pipe.hdel(held_key(priority), *ids)
+@dataclass(frozen=True)
+class Chord:
+    """A round's chord in the result backend: its size under its group's key."""
 
-
-def ack(r: redis.Redis, items: Iterable[tuple[str, str]]) -> None:
-    """Strike (priority, id) requests off the held hashes: they have their outcome, or
-    are in the broker in a round's batches (their ledger entries are touched)."""
-    items = list(items)
-    pipe = r.pipeline(transaction=False)
-    _strike(pipe, items)
-    ledger.touch(pipe, [task_id for _, task_id in items], time.time())
-    pipe.execute()
+    size_key: str
+    size: int
+    expires_s: int = 0
 
 
 def dispatch(
-    r: redis.Redis, queue: str, message: str, items: Iterable[tuple[str, str]], events: Events | None = None
+    r: redis.Redis,
+    token: str,
+    messages: Sequence[tuple[str, str]],
+    items: Iterable[tuple[str, str]],
+    events: Events | None = None,
+    chord: Chord | None = None,
 ) -> None:
-    """Push one batch task message and strike its requests off, atomically (and
-    publish its task-sent event)."""
-    items = list(items)
-    pipe = r.pipeline(transaction=True)
-    pipe.lpush(queue, message)
-    _strike(pipe, items)
-    ledger.touch(pipe, [task_id for _, task_id in items], time.time())
+    """Push (queue, task message) batches, strike their (priority, id) requests off
+    the held hashes and touch their ledger entries, set a round's chord size and
+    publish the task-sent `events`: one script, all or nothing, and only under the
+    lease's fencing `token` (else LeaseLost, and nothing moved). With no messages, it
+    only strikes requests off: they have their outcome."""
+    keys = [
+        COLLECTOR_LEASE_KEY,
+        LEDGER_KEY,
+        *(held_key(p) for p in PRIORITIES),
+        chord.size_key if chord else COLLECTOR_LEASE_KEY,
+        *(queue for queue, _ in messages),
+    ]
+    args: list[Any] = [token, clock.now(), chord.size if chord else 0, chord.expires_s if chord else 0]
     if events:
-        events.publish_on(pipe)
-    pipe.execute()
+        channels = flower_events.topics(events.app)
+        args += [events.message(), len(channels), *channels]
+    else:
+        args += ["", 0]
+    args += [raw for _, raw in messages]
+    for priority, task_id in items:
+        args += [_TIER_INDEX[priority], task_id]
+    if not _DISPATCH_SCRIPT(keys=keys, args=args, client=r):
+        raise LeaseLost("another collector holds the lease")
+
+
+def ack(r: redis.Redis, token: str, items: Iterable[tuple[str, str]]) -> None:
+    """Strike (priority, id) requests off the held hashes: they have their outcome."""
+    dispatch(r, token, [], items)
 
 
 def release(r: redis.Redis, items: Sequence[tuple[str, str]]) -> None:
@@ -161,7 +185,7 @@ def republish(r: redis.Redis, entries: Sequence[tuple[str, str, bytes]]) -> None
     pipe = r.pipeline(transaction=False)
     for priority, _task_id, raw in entries:
         pipe.lpush(request_queue_name(priority), raw)
-    ledger.touch(pipe, [task_id for _, task_id, _ in entries], time.time())
+    ledger.touch(pipe, [task_id for _, task_id, _ in entries], clock.now())
     pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
     pipe.execute()
 

@@ -17,6 +17,7 @@ import redis
 
 from ..core.policy import BatchPolicy
 from ..protocol.names import COLLECTOR_KEY, DEVICE_PREFIX, DEVICES_INDEX, POLICY_KEY, SLOW_INPUTS_KEY
+from . import clock
 from .connection import client, on_connect
 
 # `client` is reached through here by most callers: the one Redis client of this process.
@@ -70,7 +71,7 @@ class PolicyCache:
 def device_heartbeat(device_id: str, info: dict[str, Any], r: redis.Redis | None = None) -> None:
     pipe = (r or client()).pipeline(transaction=False)
     pipe.set(DEVICE_PREFIX + device_id, json.dumps(info), ex=HEARTBEAT_TTL_S)
-    pipe.zadd(DEVICES_INDEX, {device_id: time.time()})
+    pipe.zadd(DEVICES_INDEX, {device_id: clock.now()})
     pipe.execute()
 
 
@@ -83,7 +84,7 @@ def forget_device(device_id: str, r: redis.Redis | None = None) -> None:
 
 def live_devices(r: redis.Redis | None = None) -> dict[str, dict[str, Any]]:
     r = r or client()
-    cutoff = time.time() - HEARTBEAT_TTL_S
+    cutoff = clock.now() - HEARTBEAT_TTL_S
     pipe = r.pipeline(transaction=False)
     pipe.zremrangebyscore(DEVICES_INDEX, "-inf", cutoff)
     pipe.zrange(DEVICES_INDEX, 0, -1)

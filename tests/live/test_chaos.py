@@ -11,14 +11,9 @@ Bounds: each load of 500 requests is answered within `ANSWERED_WITHIN_S` of the 
 
 from __future__ import annotations
 
-import json
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -26,6 +21,7 @@ import pytest
 from celery.result import AsyncResult
 from django.conf import settings
 from polling import poll_until
+from webapi import api_token, http
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
@@ -128,6 +124,34 @@ def test_collector_killed_loses_nothing(chaos_system: LocalSystem) -> None:
     # What the killed collector held, the new one adopted from Redis at start: nothing
     # needed the ledger's repair.
     assert (shared_state.read_collector() or {}).get("stats", {}).get("republished", 0) == 0
+
+
+def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: LocalSystem) -> None:
+    # Two collectors run, as under `make run`: kill -9 the active one (the lease holder)
+    # under load. The standby takes the lease once it expires and adopts what was held.
+    beat = shared_state.read_collector() or {}
+    active = next(name for name, pid in chaos_system.pids().items() if pid == beat.get("pid"))
+    assert active.startswith("collector"), active
+    refused_before = answers().get("refused", 0)
+    took_over: list[float] = []
+
+    def kill_active() -> None:
+        killed_at = time.monotonic()
+        chaos_system.kill(active)
+
+        def new_active() -> bool:
+            now = shared_state.read_collector() or {}
+            return now.get("pid") not in (None, beat.get("pid")) and int(now.get("lease") or 0) > int(beat["lease"])
+
+        poll_until(new_active, "the standby collector to take over", timeout=10, interval=0.02)
+        took_over.append(time.monotonic() - killed_at)
+
+    load_with(kill_active, "standby-takeover")
+    assert took_over[0] < 5, took_over
+    # Nothing ran twice: no second answer was even attempted.
+    assert answers().get("refused", 0) == refused_before
+    chaos_system.wait_running(active)
+    print(f"\nstandby collector took over {took_over[0]:.2f}s after the active one was killed")
 
 
 def test_web_process_killed_comes_back_and_loses_nothing(chaos_system: LocalSystem) -> None:
@@ -310,46 +334,3 @@ def lose_a_request(text: str) -> tuple[str, str]:
     r.zadd(ledger.LEDGER_KEY, {task_id: time.time() - 3600})
     r.hset(ledger.PAYLOADS_KEY, task_id, raw)
     return task_id, text
-
-
-def api_token(system: LocalSystem) -> str:
-    """A token of a fresh user of the system's own web process (its own database)."""
-    username = f"chaos-{uuid.uuid4().hex[:8]}"
-    manage = [sys.executable, "manage.py"]
-    env = system.env()
-    subprocess.run(
-        [
-            *manage,
-            "shell",
-            "-c",
-            f"from django.contrib.auth.models import User; User.objects.create_user({username!r})",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    out = subprocess.run(
-        [*manage, "create_api_token", username], env=env, check=True, capture_output=True, text=True
-    ).stdout
-    return out.strip().splitlines()[-1]
-
-
-def http(
-    system: LocalSystem, method: str, path: str, body: object = None, *, token: str | None = None
-) -> tuple[int, dict]:  # type: ignore[type-arg]
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{system.web_port}{path}", data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except OSError:
-        return 0, {}  # not listening (yet)
-    try:
-        return status, json.loads(raw or b"{}")
-    except ValueError:
-        return status, {"body": raw.decode(errors="replace")}

@@ -13,11 +13,20 @@ from typing import Any
 
 import pytest
 from kombu.transport.virtual.base import Message
+from polling import poll_until
 
 from batching_site.celery import app
 from tasks.protocol import wire
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE, REQUEST_TASK, request_queue_name
+from tasks.protocol.names import (
+    BATCH_QUEUE,
+    BATCH_TASK,
+    COLLECTOR_LEASE_KEY,
+    EVENTS_QUEUE,
+    REQUEST_TASK,
+    request_queue_name,
+)
 from tasks.store import ledger, request_queues, shared_state
+from tasks.store.lease import Lease, LeaseLost
 
 
 def messages(priority: str, n: int, tag: str = "m") -> list[tuple[str, str]]:
@@ -35,6 +44,14 @@ def r(bare_redis: Any) -> Any:
     return shared_state.client()
 
 
+@pytest.fixture
+def token(r: Any) -> str:
+    """The fencing token of this test's collector lease."""
+    lease = Lease(r, ttl_s=60)
+    assert lease.acquire() and lease.token
+    return lease.token
+
+
 def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_redis: Any) -> None:
     task_id, raw = messages("high", 1)[0]
     payload = json.loads(raw)
@@ -50,7 +67,7 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
     assert (decoded.task, decoded.task_id, decoded.args[0]["text"]) == (REQUEST_TASK, task_id, "m 0")
 
 
-def test_admit_queues_records_and_wakes_or_refuses_all(r: Any) -> None:
+def test_admit_queues_records_and_wakes_or_refuses_all(r: Any, token: str) -> None:
     batch = messages("low", 3)
     assert request_queues.admit(r, "low", 4, batch) == (True, 0)
     assert r.llen("requests.low") == 3 and r.llen(request_queues.WAKE_KEY) == 1
@@ -62,10 +79,10 @@ def test_admit_queues_records_and_wakes_or_refuses_all(r: Any) -> None:
     assert request_queues.admit(r, "high", 4, messages("high", 2))[0]
 
 
-def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(r: Any) -> None:
+def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(r: Any, token: str) -> None:
     queued = messages("normal", 5)
     assert request_queues.admit(r, "normal", 5, queued)[0]
-    tiers, events = request_queues.take(r, 3)
+    tiers, events = request_queues.take(r, 3, token)
     assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in queued[:3]]
     assert tiers["high"] == tiers["low"] == [] and events == []
     assert r.llen(request_queues.WAKE_KEY) == 0
@@ -73,47 +90,78 @@ def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(
     assert request_queues.depths(r) == {"high": 0, "normal": 5, "low": 0}
     assert not request_queues.admit(r, "normal", 5, messages("normal", 1))[0]
     # The window is full until something is sent: a second take takes nothing more.
-    assert request_queues.take(r, 3)[0]["normal"] == []
+    assert request_queues.take(r, 3, token)[0]["normal"] == []
     assert len(request_queues.held(r)["normal"]) == 3
 
 
-def test_dispatch_sends_the_batch_and_strikes_its_requests_together(r: Any) -> None:
+def test_dispatch_sends_the_batch_and_strikes_its_requests_together(r: Any, token: str) -> None:
     queued = messages("high", 2)
     request_queues.admit(r, "high", 10, queued)
-    request_queues.take(r, 10)
+    request_queues.take(r, 10, token)
     batch = wire.task_message(app, BATCH_TASK, "b1", [{"requests": []}], BATCH_QUEUE)
-    request_queues.dispatch(r, BATCH_QUEUE, batch, [("high", t) for t, _ in queued])
+    request_queues.dispatch(r, token, [(BATCH_QUEUE, batch)], [("high", t) for t, _ in queued])
     assert request_queues.held(r)["high"] == []
     assert r.lrange(BATCH_QUEUE, 0, -1) == [batch.encode()]
     assert request_queues.depths(r)["high"] == 0
 
 
-def test_release_puts_held_requests_back_at_the_head_in_order(r: Any) -> None:
+def test_release_puts_held_requests_back_at_the_head_in_order(r: Any, token: str) -> None:
     first = messages("normal", 3, "first")
     request_queues.admit(r, "normal", 10, first)
-    request_queues.take(r, 10)
+    request_queues.take(r, 10, token)
     later = messages("normal", 2, "later")
     request_queues.admit(r, "normal", 10, later)
     request_queues.release(r, [("normal", t) for t, _ in first])
-    tiers, _ = request_queues.take(r, 10)
+    tiers, _ = request_queues.take(r, 10, token)
     assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in first + later]
 
 
-def test_take_drains_events_oldest_first(r: Any) -> None:
+def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
     with app.producer_or_acquire() as producer:
         from tasks.protocol.wire import publish_event
 
         for i in range(3):
             publish_event(producer, {"kind": "done", "batch_id": f"b{i}"}, EVENTS_QUEUE)
-    _, events = request_queues.take(r, 10)
+    _, events = request_queues.take(r, 10, token)
     assert [wire.body(e)["batch_id"] for e in events] == ["b0", "b1", "b2"]
-    assert request_queues.take(r, 10)[1] == []
+    assert request_queues.take(r, 10, token)[1] == []
 
 
-def test_a_message_without_an_id_is_returned_but_never_held(r: Any) -> None:
+def test_a_message_without_an_id_is_returned_but_never_held(r: Any, token: str) -> None:
     r.lpush("requests.low", "not json at all", json.dumps({"headers": {}, "body": "e30="}))
-    tiers, _ = request_queues.take(r, 10)
+    tiers, _ = request_queues.take(r, 10, token)
     assert len(tiers["low"]) == 2
     assert request_queues.held(r)["low"] == []
     with pytest.raises(ValueError, match="not a task message"):
         wire.decode(tiers["low"][0])
+
+
+def test_one_lease_at_a_time_and_each_holder_gets_a_larger_token(r: Any) -> None:
+    first, second = Lease(r, ttl_s=60), Lease(r, ttl_s=60)
+    assert first.acquire() and not second.acquire()
+    first.renew()
+    first_token = int(first.token or 0)
+    first.release()
+    assert second.acquire() and int(second.token or 0) > first_token
+    # The lease expires (Redis's clock) unless renewed: then another takes it, and the
+    # old holder learns it lost it.
+    r.pexpire(COLLECTOR_LEASE_KEY, 1)
+    poll_until(lambda: r.exists(COLLECTOR_LEASE_KEY) == 0, "the lease to expire", timeout=2)
+    third = Lease(r, ttl_s=60)
+    assert third.acquire()
+    with pytest.raises(LeaseLost):
+        second.renew()
+
+
+def test_a_collector_without_the_lease_moves_nothing(r: Any, token: str) -> None:
+    queued = messages("normal", 3)
+    request_queues.admit(r, "normal", 10, queued)
+    stale = str(int(token) - 1)  # an earlier holder, paused past its lease
+    with pytest.raises(LeaseLost):
+        request_queues.take(r, 10, stale)
+    assert r.llen("requests.normal") == 3 and request_queues.held(r)["normal"] == []
+    request_queues.take(r, 10, token)
+    batch = wire.task_message(app, BATCH_TASK, "b-stale", [{"requests": []}], BATCH_QUEUE)
+    with pytest.raises(LeaseLost):
+        request_queues.dispatch(r, stale, [(BATCH_QUEUE, batch)], [("normal", t) for t, _ in queued])
+    assert r.llen(BATCH_QUEUE) == 0 and len(request_queues.held(r)["normal"]) == 3

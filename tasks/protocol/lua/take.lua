@@ -1,7 +1,11 @@
--- The collector takes up to its window per tier into the held hashes, and drains the
--- device events, in one call (tasks/store/request_queues.py::take).
--- KEYS: the three queues, their three held hashes, the wake token, the events queue.
--- ARGV: the window.
+-- The active collector takes up to its window per tier into the held hashes, and drains
+-- the device events, in one call (tasks/store/request_queues.py::take); nothing at all
+-- (false) unless it still holds the lease.
+-- KEYS: the three queues, their three held hashes, the wake token, the events queue, the lease.
+-- ARGV: the window, the fencing token.
+if redis.call('GET', KEYS[9]) ~= ARGV[2] then
+    return false
+end
 redis.call('DEL', KEYS[7])
 local out = {}
 for t = 1, 3 do

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from batching_site.celery import app
-from tasks.collector import inbox
 from tasks.collector.inbox import Held, parse_event, parse_request, to_item
 from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE, REQUEST_TASK, request_queue_name
@@ -63,9 +62,8 @@ def test_parse_request_with_headers_not_a_dict() -> None:
         parse_request(raw_envelope([[REQ.to_message()], {}, {}], [1]), "normal")
 
 
-def test_to_item_turns_wall_clock_age_and_deadline_into_the_collector_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(inbox, "time", SimpleNamespace(time=lambda: 110.0))  # 10 s after submitted
-    item = to_item("req-1", REQ, now=5000.0, slow=False)
+def test_to_item_turns_wall_clock_age_and_deadline_into_the_collector_clock() -> None:
+    item = to_item("req-1", REQ, now=5000.0, wall=110.0, slow=False)  # 10 s after submitted
     assert item.id == "req-1" and item.tokens == 3 and item.priority == "normal"
     assert item.enqueued_at == pytest.approx(4990.0)
     assert item.deadline == pytest.approx(5020.0)  # 20 s left on the wall clock
@@ -73,10 +71,9 @@ def test_to_item_turns_wall_clock_age_and_deadline_into_the_collector_clock(monk
     assert not item.alone
 
 
-def test_to_item_without_deadline_from_the_future_and_slow(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(inbox, "time", SimpleNamespace(time=lambda: 90.0))  # clocks disagree
+def test_to_item_without_deadline_from_the_future_and_slow() -> None:
     req = Request(text="x", tokens=1, model="synthetic", priority="low", submitted_at=100.0)
-    item = to_item("req-2", req, now=7.0, slow=True)
+    item = to_item("req-2", req, now=7.0, wall=90.0, slow=True)  # clocks disagree
     assert item.enqueued_at == 7.0, "an age is never negative"
     assert item.deadline is None
     assert item.alone and item.payload is not None and item.payload.slow
@@ -127,11 +124,12 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     collector.clock, collector.schedulers, collector.policy = FakeClock(), {}, BatchPolicy()
     collector.outcomes = Recorder()  # type: ignore[assignment]
     collector.redis = None
+    collector.lease = SimpleNamespace(token="1")  # type: ignore[assignment]
     acked: list[object] = []
     import tasks.collector.loop as loop
 
     original_ack = loop.request_queues.ack
-    loop.request_queues.ack = lambda r, items: acked.extend(items)  # type: ignore[assignment]
+    loop.request_queues.ack = lambda r, token, items: acked.extend(items)  # type: ignore[assignment]
     try:
         hostile = [
             {**REQ.to_message(), "text": "lone \ud800 surrogate"},

@@ -1,0 +1,90 @@
+"""One clock for decisions across hosts: a device worker whose clock is 11 s slow and a
+web process a minute and ten seconds behind still agree with everyone else, because
+every time another process judges is read from Redis's clock (tasks/store/clock.py).
+The web process's whole wall clock is shifted by libfaketime; the device's by an
+injected offset (CLOCK_SKEW_S), since the synthetic model's sleep fails under
+libfaketime.
+
+Without it, the slow device was dropped as dead on every read of the live devices, and
+a request with a 5 s deadline submitted through the lagging web process had expired
+before it was queued."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from polling import poll_until
+from webapi import api_token, http
+
+from batching_site.harness import LocalSystem
+from gpu_workers.models import synthetic
+from tasks.edge.client import details
+from tasks.store import shared_state
+from tasks.store.connection import connect
+
+pytestmark = pytest.mark.live
+
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def skewed(seconds: int) -> dict[str, str]:
+    """The environment that shifts a process's wall clock (not its monotonic clock)."""
+    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": f"{seconds:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+@pytest.fixture(scope="module")
+def skewed_system() -> Iterator[LocalSystem]:
+    if not os.path.exists(LIBFAKETIME):
+        pytest.skip(f"no libfaketime at {LIBFAKETIME}: `apt-get install -y faketime` (make test does it)")
+    previous = settings.REDIS_URL
+    system = LocalSystem(
+        devices=["cpu:0", "cpu:1"],
+        web=True,
+        program_env={"gpu-cpu1": {"CLOCK_SKEW_S": "-11"}, "web": skewed(-70)},
+    )
+    try:
+        system.start(timeout=120)
+        connect(system.redis_url)
+        yield system
+    finally:
+        system.close()
+        connect(previous)
+
+
+def test_a_device_with_a_slow_clock_stays_live(skewed_system: LocalSystem) -> None:
+    for _ in range(5):
+        assert len(shared_state.live_devices()) == 2, shared_state.live_devices()
+
+
+def test_a_request_through_a_lagging_web_process_keeps_its_deadline(skewed_system: LocalSystem) -> None:
+    token = api_token(skewed_system)
+    texts = [f"clock test {i}" for i in range(40)]
+    status, body = http(
+        skewed_system, "POST", "/api/v1/requests", {"model": "synthetic", "texts": texts, "deadline_s": 5}, token=token
+    )
+    assert status == 202, body
+    answers = []
+    for request_id in body["ids"]:
+        got = poll_until(
+            lambda rid=request_id: (
+                (r := http(skewed_system, "GET", f"/api/v1/requests/{rid}", token=token)[1]).get("status")
+                in ("SUCCESS", "FAILURE")
+                and r
+            ),
+            f"request {request_id} to finish",
+            timeout=30,
+        )
+        assert got["status"] == "SUCCESS", got
+        answers.append(got["result"])
+    assert answers == [synthetic.embed(t) for t in texts]
+    # Submitted by a clock 70 s behind, started by one 11 s behind: on one clock, the
+    # start follows the submission by well under a second, on both devices.
+    ran = {}
+    for request_id in body["ids"]:
+        d = details(request_id)
+        ran[d["device"].split("@")[0]] = d["started_at"] - d["submitted_at"]
+    assert all(0 <= gap < 5 for gap in ran.values()), ran
+    assert (shared_state.read_collector() or {}).get("stats", {}).get("republished", 0) == 0
