@@ -6,7 +6,7 @@ honcho. Every role execs the same command line that `make run` and the tests use
 
     python -m batching_site.serve migrate                      # database migrations, then exit
     python -m batching_site.serve web                          # gunicorn on 0.0.0.0:8000
-    python -m batching_site.serve collector                    # exactly one per system
+    python -m batching_site.serve collector                    # one active, any more stand by
     python -m batching_site.serve device cuda:0                # one per GPU, on any host
     python -m batching_site.serve device cuda:0 --preload minilm,synthetic
     python -m batching_site.serve flower                       # needs FLOWER_BASIC_AUTH=user:password
@@ -48,7 +48,7 @@ def command(argv: Sequence[str]) -> list[str]:
     roles.add_parser("migrate", help="apply database migrations and exit")
     web = roles.add_parser("web", help="the Django site on gunicorn")
     web.add_argument("--bind", default="0.0.0.0:8000")
-    roles.add_parser("collector", help="the batch collector (one per system)")
+    roles.add_parser("collector", help="the batch collector (one active per system; more stand by)")
     device = roles.add_parser("device", help="a device worker for one GPU (or simulated CPU device)")
     device.add_argument("device", help="cuda:0, cuda:1, ... (or cpu:0 for a simulated device)")
     device.add_argument("--preload", default=None, help="models to load at start (default: DEFAULT_MODEL)")
