@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from celery.result import AsyncResult
-from django.conf import settings
 from polling import poll_until
+from systems import running
 from webapi import api_token, http
 
 from batching_site.celery import app
@@ -33,7 +33,6 @@ from tasks.edge.intake import accept
 from tasks.protocol import wire
 from tasks.protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, REQUEST_TASK, request_queue_name
 from tasks.store import ledger, shared_state
-from tasks.store.connection import connect
 
 pytestmark = pytest.mark.live
 
@@ -46,25 +45,21 @@ ANSWERED_WITHIN_S = 60
 
 @pytest.fixture(scope="module")
 def chaos_system() -> Iterator[LocalSystem]:
-    previous = settings.REDIS_URL
-    system = LocalSystem(
-        devices=["cpu:0", "cpu:1"],
-        preload="synthetic",
-        web=True,
-        flower=True,
-        env={
-            "VISIBILITY_TIMEOUT_S": "4",
-            "SYNTHETIC_OVERHEAD_S": "0.004",
-            "SYNTHETIC_PER_TOKEN_S": "0.0006",
-        },
-    )
-    try:
-        system.start(timeout=180)
-        connect(system.redis_url)
+    with running(
+        LocalSystem(
+            devices=["cpu:0", "cpu:1"],
+            preload="synthetic",
+            web=True,
+            flower=True,
+            env={
+                "VISIBILITY_TIMEOUT_S": "4",
+                "SYNTHETIC_OVERHEAD_S": "0.004",
+                "SYNTHETIC_PER_TOKEN_S": "0.0006",
+            },
+        ),
+        timeout=180,
+    ) as system:
         yield system
-    finally:
-        system.close()
-        connect(previous)
 
 
 def answers() -> dict[str, int]:
@@ -118,8 +113,17 @@ def test_device_worker_killed_mid_batch_loses_nothing(chaos_system: LocalSystem)
     chaos_system.wait_ready(2)
 
 
+def active_collector(system: LocalSystem) -> str:
+    """The supervised program name of the collector that holds the lease."""
+    beat = shared_state.read_collector() or {}
+    return next(name for name, pid in system.pids().items() if pid == beat.get("pid"))
+
+
 def test_collector_killed_loses_nothing(chaos_system: LocalSystem) -> None:
-    load_with(lambda: chaos_system.kill("collector"), "collector-kill")
+    active = active_collector(chaos_system)
+    killed = (shared_state.read_collector() or {}).get("pid")
+    load_with(lambda: chaos_system.kill(active), "collector-kill")
+    poll_until(lambda: (shared_state.read_collector() or {}).get("pid") != killed, "a new active collector")
     chaos_system.wait_ready(2)
     # What the killed collector held, the new one adopted from Redis at start: nothing
     # needed the ledger's repair.
@@ -130,7 +134,7 @@ def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: Loc
     # Two collectors run, as under `make run`: kill -9 the active one (the lease holder)
     # under load. The standby takes the lease once it expires and adopts what was held.
     beat = shared_state.read_collector() or {}
-    active = next(name for name, pid in chaos_system.pids().items() if pid == beat.get("pid"))
+    active = active_collector(chaos_system)
     assert active.startswith("collector"), active
     refused_before = answers().get("refused", 0)
     took_over: list[float] = []

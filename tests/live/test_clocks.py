@@ -15,15 +15,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from polling import poll_until
+from systems import running
 from webapi import api_token, http
 
 from batching_site.harness import LocalSystem
 from gpu_workers.models import synthetic
 from tasks.edge.client import details
 from tasks.store import shared_state
-from tasks.store.connection import connect
 
 pytestmark = pytest.mark.live
 
@@ -39,19 +38,9 @@ def skewed(seconds: int) -> dict[str, str]:
 def skewed_system() -> Iterator[LocalSystem]:
     if not os.path.exists(LIBFAKETIME):
         pytest.skip(f"no libfaketime at {LIBFAKETIME}: `apt-get install -y faketime` (make test does it)")
-    previous = settings.REDIS_URL
-    system = LocalSystem(
-        devices=["cpu:0", "cpu:1"],
-        web=True,
-        program_env={"gpu-cpu1": {"CLOCK_SKEW_S": "-11"}, "web": skewed(-70)},
-    )
-    try:
-        system.start(timeout=120)
-        connect(system.redis_url)
+    skews = {"gpu-cpu1": {"CLOCK_SKEW_S": "-11"}, "web": skewed(-70)}
+    with running(LocalSystem(devices=["cpu:0", "cpu:1"], web=True, program_env=skews)) as system:
         yield system
-    finally:
-        system.close()
-        connect(previous)
 
 
 def test_a_device_with_a_slow_clock_stays_live(skewed_system: LocalSystem) -> None:

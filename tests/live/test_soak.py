@@ -9,12 +9,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
+from systems import running
 
 from batching_site.harness import LocalSystem
 from tasks.edge.client import submit_many
 from tasks.store import ledger, shared_state
-from tasks.store.connection import connect
 
 pytestmark = pytest.mark.live
 
@@ -25,15 +24,9 @@ SECONDS = 15
 
 @pytest.fixture(scope="module")
 def soak_system() -> Iterator[LocalSystem]:
-    previous = settings.REDIS_URL
-    system = LocalSystem(devices=["cpu:0"], env={"RESULT_EXPIRES_S": str(EXPIRES_S), "SYNTHETIC_PER_TOKEN_S": "0"})
-    try:
-        system.start(timeout=120)
-        connect(system.redis_url)
+    env = {"RESULT_EXPIRES_S": str(EXPIRES_S), "SYNTHETIC_PER_TOKEN_S": "0"}
+    with running(LocalSystem(devices=["cpu:0"], env=env)) as system:
         yield system
-    finally:
-        system.close()
-        connect(previous)
 
 
 def test_redis_holds_a_flat_amount_at_a_steady_rate(soak_system: LocalSystem) -> None:
