@@ -27,8 +27,10 @@ def submit_form(request: HttpRequest) -> JsonResponse:
     """Accept one text from the page; answer 202 with its id, or a 4xx with the reason."""
     try:
         data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return JsonResponse({"detail": "body is not valid JSON"}, status=400)
+    if not hasattr(data, "get"):
+        return JsonResponse({"detail": 'body must be a JSON object: {"text": "...", "priority": "normal"}'}, status=400)
     try:
         result = submit(data.get("text"), priority=data.get("priority") or "normal")
     except Exception as exc:

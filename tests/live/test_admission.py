@@ -226,5 +226,8 @@ def test_http_submit_answers_202_413_and_400(client: Any) -> None:
 
     for body in ({"text": ""}, {"text": "fine", "priority": "urgent"}, {}, "{not json"):
         assert post(body).status_code == 400, body
+    # Hostile bodies are a 400 too, never a 500: not an object, nested past the parser.
+    for raw in ("[1, 2]", '"text"', "3", "[" * 100_000 + "]" * 100_000, '{"text": ["a list"]}'):
+        assert post(raw).status_code == 400, raw[:40]
 
     assert len(app.AsyncResult(ok.json()["id"]).get(timeout=60)) == 384
