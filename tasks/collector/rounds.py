@@ -68,8 +68,12 @@ def round_chord(app: Celery, batches: Sequence[tuple[dict[str, Any], str]], meta
     """A chord of run_batch tasks, one per (batch body, queue), with round_done as body.
     Each batch keeps its batch id as task id, as it would when sent alone."""
     header = [app.signature(BATCH_TASK, args=[body], task_id=body["batch_id"], queue=queue) for body, queue in batches]
-    callback: Signature = app.signature(ROUND_TASK, args=[meta], queue=CONTROL_QUEUE)
-    return chord(header, callback)
+    return chord(header, round_callback(app, meta))
+
+
+def round_callback(app: Celery, meta: dict[str, Any]) -> Signature:
+    """round_done for one round, on the collector worker's queue."""
+    return app.signature(ROUND_TASK, args=[meta], queue=CONTROL_QUEUE)
 
 
 def round_messages(
@@ -78,7 +82,7 @@ def round_messages(
     """The round's (queue, task message) pairs, and its chord size for the result
     backend: what `round_chord(...).apply_async()` would publish, as data."""
     group_id = str(uuid.uuid4())
-    callback = round_chord(app, batches, meta).body
+    callback = round_callback(app, meta)
     callback.freeze(group_id=group_id)
     messages = [
         (
