@@ -33,6 +33,8 @@ test: venv browser
 	@command -v docker-compose >/dev/null || (apt-get install -y docker-compose >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y docker-compose >/dev/null)) || true
 	@# tests/live/test_clocks.py shifts a web process's clock with Debian's libfaketime.
 	@[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || (apt-get install -y faketime >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y faketime >/dev/null)) || true
+	@# tests/live/test_tls_proxy.py puts Debian's caddy in front of the web process and Flower.
+	@command -v caddy >/dev/null || (apt-get install -y caddy >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y caddy >/dev/null)) || true
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

@@ -49,8 +49,8 @@ def free_port() -> int:
 
 
 class LocalSystem:
-    """Redis, the collector and N device workers (and, when asked, the web process and
-    Flower) as real processes under supervisord.
+    """Redis, the collector and N device workers (and, when asked, the web process,
+    Flower and the TLS front door) as real processes under supervisord.
 
         with LocalSystem(devices=["cpu:0", "cpu:1"], preload="synthetic") as system:
             os.environ["REDIS_URL"] = system.redis_url
@@ -66,6 +66,7 @@ class LocalSystem:
         log_dir: str | None = None,
         web: bool = False,
         flower: bool = False,
+        proxy: bool = False,
         program_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.devices = ["cpu:0", "cpu:1"] if devices is None else devices
@@ -82,8 +83,15 @@ class LocalSystem:
             self._redis_port = free_port()
             redis_url = f"redis://127.0.0.1:{self._redis_port}/0"
         self.redis_url: str = redis_url
-        self.web_port = free_port() if web else None
+        self.web_port = free_port() if web or proxy else None
         self.flower_port = free_port() if flower else None
+        #: Caddy in front of web (and Flower): https://localhost:PORT, with a certificate
+        #: from a CA of its own made in this system's folder.
+        self.proxy = (
+            processes.Proxy(https_port=free_port(), http_port=free_port(), data_dir=os.path.join(self._tmp, "caddy"))
+            if proxy
+            else None
+        )
         self._supervisord: subprocess.Popen[bytes] | None = None
         self._rpc: Any = None
 
@@ -110,7 +118,12 @@ class LocalSystem:
         """The programs `start` runs: `make run`'s set (processes.programs)."""
         redis = (self._redis_port, self._tmp) if self._redis_port is not None else None
         return processes.programs(
-            self.devices, preload=self.preload, redis=redis, web_port=self.web_port, flower_port=self.flower_port
+            self.devices,
+            preload=self.preload,
+            redis=redis,
+            web_port=self.web_port,
+            flower_port=self.flower_port,
+            proxy=self.proxy,
         )
 
     def start(self, timeout: float = 120.0) -> LocalSystem:

@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 
 from tasks.protocol.names import BATCH_QUEUE, CONTROL_QUEUE, device_queue_name
 
@@ -50,8 +51,59 @@ def device_command(device: str, *, preload: str | None = None, loglevel: str | N
     return cmd
 
 
-def flower_command(*, port: int = 5555) -> list[str]:
-    return _celery("batching_site", "flower", f"--port={port}", "--address=127.0.0.1")
+#: The path Flower is served under behind the front door (batching_site/deploy/Caddyfile).
+FLOWER_PREFIX = "flower"
+
+#: The front door's configuration, the same file compose mounts.
+CADDYFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deploy", "Caddyfile")
+
+
+def flower_command(*, port: int = 5555, behind_proxy: bool = False) -> list[str]:
+    """Flower on loopback. `behind_proxy`: under /flower/, where the front door lets only
+    staff in and refuses its control API."""
+    cmd = _celery("batching_site", "flower", f"--port={port}", "--address=127.0.0.1")
+    if behind_proxy:
+        cmd.append(f"--url_prefix={FLOWER_PREFIX}")
+    return cmd
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """Where the local front door listens and keeps its state."""
+
+    #: HTTPS, the site and Flower under /flower/.
+    https_port: int
+    #: Plain HTTP, which only redirects to HTTPS.
+    http_port: int
+    #: Caddy's own CA and certificates (XDG_DATA_HOME), and its autosaved config.
+    data_dir: str
+    #: The name browsers use; localhost gets a certificate from Caddy's own CA.
+    site: str = "localhost"
+
+
+def proxy_command(proxy: Proxy, *, web_port: int, flower_port: int | None) -> list[str]:
+    """Caddy with the Caddyfile compose runs, pointed at this machine's web and Flower.
+    The settings travel as environment (the Caddyfile's {$VARS}), set by `env` so that
+    the command line alone describes the program, as every other one here does."""
+    settings = {
+        # The port in the address, not in Caddy's https_port: Caddy takes a changed
+        # https_port to mean that 443 is forwarded to it, and redirects to 443.
+        "SITE_ADDRESS": f"{proxy.site}:{proxy.https_port}",
+        "HTTP_PORT": str(proxy.http_port),
+        "PROXY_BIND": "127.0.0.1",
+        "WEB_UPSTREAM": f"127.0.0.1:{web_port}",
+        # Nothing listens here when there is no Flower: /flower/ then answers 502.
+        "FLOWER_UPSTREAM": f"127.0.0.1:{flower_port or 9}",
+        # Several local systems (tests in parallel) must not fight over :2019.
+        "CADDY_ADMIN": "off",
+        "XDG_DATA_HOME": os.path.join(proxy.data_dir, "data"),
+        "XDG_CONFIG_HOME": os.path.join(proxy.data_dir, "config"),
+    }
+    caddy = shutil.which("caddy") or "caddy"
+    return [
+        shutil.which("env") or "/usr/bin/env", *(f"{k}={v}" for k, v in settings.items()),
+        caddy, "run", "--config", CADDYFILE, "--adapter", "caddyfile",
+    ]  # fmt: skip
 
 
 def web_command(*, port: int = 8000) -> list[str]:
@@ -98,11 +150,15 @@ def programs(
     web_port: int | None = 8000,
     flower_port: int | None = 5555,
     flower_auth: str | None = None,
+    proxy: Proxy | None = None,
 ) -> dict[str, list[str]]:
     """Every process of one system, by supervised program name, in start order: Redis
     (when `redis` gives its port and data folder: it then keeps an append-only file),
-    the web process, two collectors (active and standby), one worker per device and Flower. `make run` and
-    the test harness both run exactly this set."""
+    the web process, two collectors (active and standby), one worker per device, Flower,
+    and, when `proxy` says where, the TLS front door (Caddy) before web and Flower.
+    `make run` and the test harness both run exactly this set."""
+    if proxy is not None and web_port is None:
+        raise ValueError("proxy needs the web process: give web_port too")
     out: dict[str, list[str]] = {}
     if redis is not None:
         out["redis"] = redis_server_command(redis[0], redis[1], appendonly=True)
@@ -114,10 +170,13 @@ def programs(
     for d in devices:
         out[program_name(d)] = device_command(d, preload=preload)
     if flower_port is not None:
-        flower = flower_command(port=flower_port)
+        flower = flower_command(port=flower_port, behind_proxy=proxy is not None)
         if flower_auth:
             flower.append(f"--basic-auth={flower_auth}")
         out["flower"] = flower
+    if proxy is not None:
+        assert web_port is not None  # checked above
+        out["proxy"] = proxy_command(proxy, web_port=web_port, flower_port=flower_port)
     return out
 
 

@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from .web import dashboard, views
+from .web import dashboard, gate, views
 from .web.api import api
 
 urlpatterns = [
@@ -16,4 +16,5 @@ urlpatterns = [
     path("metrics", dashboard.prometheus_metrics, name="metrics"),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
+    path("auth/staff", gate.staff_gate, name="staff-gate"),
 ]

@@ -1,0 +1,178 @@
+"""The front door on this machine: Debian's caddy with the Caddyfile compose mounts
+(batching_site/deploy/Caddyfile), in front of the web process with production settings
+(DEBUG off, secure cookies, DJANGO_BEHIND_TLS_PROXY) and Flower, all started by the
+harness the way `make run` starts them.
+
+Debian's chromium logs in to the admin over HTTPS through it. Caddy's certificate comes
+from a CA it made on the spot, which the browser is told to accept. Flower is for staff
+only and read-only; plain HTTP only redirects.
+
+`make test` installs caddy and chromium when they are missing (apt); elsewhere the test
+skips and says why.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from polling import poll_until
+
+from batching_site.harness import LocalSystem
+
+pytestmark = pytest.mark.live
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
+STAFF = ("door-staff", secrets.token_urlsafe(16))
+
+
+def https_status(system: LocalSystem, path: str, method: str = "GET") -> int:
+    """One request through the proxy, certificate unchecked (the CA is minutes old)."""
+    assert system.proxy is not None
+    conn = http.client.HTTPSConnection(
+        "localhost", system.proxy.https_port, timeout=5, context=ssl._create_unverified_context()
+    )
+    try:
+        conn.request(method, path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def door() -> Iterator[LocalSystem]:
+    if shutil.which("caddy") is None:
+        pytest.skip("no caddy: `apt-get install -y caddy` (make test does it)")
+    system = LocalSystem(devices=[], flower=True, proxy=True)
+    assert system.proxy is not None
+    origin = f"https://localhost:{system.proxy.https_port}"
+    # Production settings, as compose passes them; nothing from a developer's .env.
+    system.extra_env.update(
+        {
+            "DJANGO_READ_DOT_ENV": "0",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+            "DJANGO_ALLOWED_HOSTS": "localhost,127.0.0.1",
+            "DJANGO_HTTPS": "1",
+            "DJANGO_BEHIND_TLS_PROXY": "1",
+            "DJANGO_SECURE_SSL_REDIRECT": "1",
+            "DJANGO_CSRF_TRUSTED_ORIGINS": origin,
+            "FLOWER_URL": f"{origin}/flower/",
+        }
+    )
+    try:
+        system.start(timeout=60)
+        staff = f"from django.contrib.auth.models import User; User.objects.create_superuser({STAFF[0]!r}, password={STAFF[1]!r})"
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", staff], env=system.env(), check=True, capture_output=True
+        )
+
+        def answers() -> bool:
+            try:
+                return https_status(system, "/healthz") in (200, 503)
+            except OSError:
+                return False
+
+        poll_until(answers, "the proxy to answer over HTTPS", timeout=30, interval=0.1)
+        yield system
+    finally:
+        system.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no chromium at {CHROMIUM}: `apt-get install -y chromium` (make test does it)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door: LocalSystem, browser) -> None:  # type: ignore[no-untyped-def]
+    assert door.proxy is not None
+    base = f"https://localhost:{door.proxy.https_port}"
+    anonymous = browser.new_context(ignore_https_errors=True)
+    staff = browser.new_context(ignore_https_errors=True)
+    try:
+        for context in (anonymous, staff):
+            context.set_default_timeout(15_000)
+
+        # Without a login, /flower/ is the admin's login form, never Flower.
+        page = anonymous.new_page()
+        page.goto(f"{base}/flower/")
+        assert page.url == f"{base}/admin/login/?next=/flower/"
+        assert "Flower" not in page.title()
+
+        page = staff.new_page()
+        page.goto(f"{base}/admin/")
+        assert "/admin/login/" in page.url
+        page.fill("#id_username", STAFF[0])
+        page.fill("#id_password", STAFF[1])
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{base}/admin/")
+        assert page.inner_text("#site-name") and "Site administration" in page.content()
+        session = {c["name"]: c for c in staff.cookies()}["sessionid"]
+        assert session["secure"] and session["httpOnly"]
+
+        flower = page.goto(f"{base}/flower/")
+        assert flower is not None and flower.status == 200
+        assert "Flower" in page.title()
+        assert page.url == f"{base}/flower/"
+
+        # Staff or not, Flower's control API is refused at the door.
+        refused = {
+            ("POST", "/flower/api/task/async-apply/gpu_workers.run_batch"),
+            ("POST", "/flower/api/worker/shutdown/collector@x"),
+            ("GET", "/flower/api/task/info/0"),
+            ("POST", "/flower//api/task/revoke/0"),
+            ("POST", "/flower/api/workers"),
+        }
+        for method, path in sorted(refused):
+            got = staff.request.fetch(f"{base}{path}", method=method, data="{}" if method == "POST" else None)
+            assert got.status == 403, (method, path, got.status)
+            assert https_status(door, path, method) == 403, (method, path)
+        # Flower's own pages still read for staff (its API answers 401 to everyone:
+        # Flower has no login of its own here, and keeps its API closed without one).
+        assert staff.request.get(f"{base}/flower/tasks").status == 200
+    finally:
+        anonymous.close()
+        staff.close()
+
+
+def test_plain_http_only_redirects_to_https(door: LocalSystem) -> None:
+    assert door.proxy is not None
+    conn = http.client.HTTPConnection("127.0.0.1", door.proxy.http_port, timeout=5)
+    try:
+        conn.request("GET", "/admin/?x=1", headers={"Host": f"localhost:{door.proxy.http_port}"})
+        response = conn.getresponse()
+        assert response.status in (301, 308)
+        assert response.getheader("Location") == f"https://localhost:{door.proxy.https_port}/admin/?x=1"
+    finally:
+        conn.close()
+
+
+def test_a_made_up_session_is_sent_to_the_login(door: LocalSystem) -> None:
+    assert door.proxy is not None
+    conn = http.client.HTTPSConnection(
+        "localhost", door.proxy.https_port, timeout=5, context=ssl._create_unverified_context()
+    )
+    try:
+        conn.request("GET", "/flower/", headers={"Cookie": "sessionid=made-up"})
+        response = conn.getresponse()
+        assert response.status == 302
+        assert re.match(r"/admin/login/\?next=/flower/$", response.getheader("Location") or "")
+    finally:
+        conn.close()
