@@ -9,9 +9,11 @@ honcho. Every role execs the same command line that `make run` and the tests use
     python -m batching_site.serve collector                    # one active, any more stand by
     python -m batching_site.serve device cuda:0                # one per GPU, on any host
     python -m batching_site.serve device cuda:0 --preload minilm,synthetic
-    python -m batching_site.serve flower                       # needs FLOWER_BASIC_AUTH=user:password
+    python -m batching_site.serve flower --behind-proxy        # under /flower/, staff only at the front door
+    python -m batching_site.serve flower                       # on its own: needs FLOWER_BASIC_AUTH=user:password
 
-Every role reads REDIS_URL (and the web, DATABASE_URL) from the environment.
+Every role reads REDIS_URL (and the web, DATABASE_URL) from the environment, and none
+starts while a credential still holds .env.example's change-me placeholder.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 
@@ -28,15 +30,43 @@ from . import processes
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 
 
-def gunicorn_command(*, bind: str = "0.0.0.0:8000", workers: int | None = None) -> list[str]:
+#: The variables that hold a credential, directly or inside a URL, and the .env entry an
+#: operator replaces for each. Never print their values.
+CREDENTIALS = {
+    "DJANGO_SECRET_KEY": "DJANGO_SECRET_KEY",
+    "REDIS_PASSWORD": "REDIS_PASSWORD",
+    "REDIS_URL": "REDIS_PASSWORD (in REDIS_URL)",
+    "POSTGRES_PASSWORD": "POSTGRES_PASSWORD",
+    "DATABASE_URL": "POSTGRES_PASSWORD (in DATABASE_URL)",
+    "FLOWER_BASIC_AUTH": "FLOWER_BASIC_AUTH",
+}
+PLACEHOLDER = "change-me"
+
+
+def placeholders(environ: Mapping[str, str]) -> list[str]:
+    """The credentials in `environ` that still hold .env.example's placeholder, by the
+    name to fix. Compose only checks that a value is set, so this is where a copied
+    .env.example is caught."""
+    return [fix for name, fix in CREDENTIALS.items() if PLACEHOLDER in environ.get(name, "").lower()]
+
+
+def gunicorn_command(
+    *, bind: str = "0.0.0.0:8000", workers: int | None = None, threads: int | None = None
+) -> list[str]:
     """The web role. Each gunicorn worker (WEB_WORKERS of them) is a thin client: it
-    validates, publishes and reads results, and never runs the model."""
+    validates, publishes and reads results, and never runs the model. Most of a
+    request's time is spent waiting on Redis, so each worker serves WEB_THREADS requests
+    at once on threads (gthread) instead of one."""
     workers = workers or settings.WEB_WORKERS
+    threads = threads or settings.WEB_THREADS
     return [
         sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
-        "--bind", bind, "--workers", str(workers),
+        "--bind", bind, "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
         # A request view waits on its answer with a bounded timeout; this is the backstop.
         "--timeout", "60", "--graceful-timeout", "30",
+        # Trusting every address's X-Forwarded-* is safe only because nothing but the
+        # front door reaches gunicorn: compose publishes no port of `web`. Django itself
+        # reads only X-Forwarded-Proto, and only with DJANGO_BEHIND_TLS_PROXY=1.
         "--access-logfile", "-", "--forwarded-allow-ips", "*",
     ]  # fmt: skip
 
@@ -52,8 +82,13 @@ def command(argv: Sequence[str]) -> list[str]:
     device = roles.add_parser("device", help="a device worker for one GPU (or simulated CPU device)")
     device.add_argument("device", help="cuda:0, cuda:1, ... (or cpu:0 for a simulated device)")
     device.add_argument("--preload", default=None, help="models to load at start (default: DEFAULT_MODEL)")
-    flower = roles.add_parser("flower", help="Flower, with basic auth from FLOWER_BASIC_AUTH")
+    flower = roles.add_parser("flower", help="Flower: behind the front door, or with basic auth from FLOWER_BASIC_AUTH")
     flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument(
+        "--behind-proxy",
+        action="store_true",
+        help="serve under /flower/ for the front door, which admits staff only and refuses the control API",
+    )
     args = parser.parse_args(list(argv))
 
     if args.role == "migrate":
@@ -64,14 +99,20 @@ def command(argv: Sequence[str]) -> list[str]:
         return processes.collector_command()
     if args.role == "device":
         return processes.device_command(args.device, preload=args.preload)
-    if not os.environ.get("FLOWER_BASIC_AUTH"):
-        parser.error("flower listens on every interface here: set FLOWER_BASIC_AUTH=user:password")
+    if not (args.behind_proxy or os.environ.get("FLOWER_BASIC_AUTH")):
+        parser.error(
+            "flower listens on every interface here: run it --behind-proxy (compose does),"
+            " or set FLOWER_BASIC_AUTH=user:password"
+        )
     # Flower reads FLOWER_BASIC_AUTH itself; the later --address overrides the local-only default.
-    return [*processes.flower_command(port=args.port), "--address=0.0.0.0"]
+    return [*processes.flower_command(port=args.port, behind_proxy=args.behind_proxy), "--address=0.0.0.0"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     cmd = command(sys.argv[1:] if argv is None else argv)
+    found = placeholders(os.environ)
+    if found:
+        sys.exit(f"replace {PLACEHOLDER} in .env: {', '.join(found)}")
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.execv(cmd[0], cmd)
 

@@ -226,6 +226,10 @@ _check(
 #: Gunicorn worker processes of the web role (python -m batching_site.serve web).
 WEB_WORKERS = env.int("WEB_WORKERS", default=2)
 _check(WEB_WORKERS >= 1, "WEB_WORKERS", WEB_WORKERS, "at least 1")
+#: Threads per gunicorn worker (gthread): each serves one request, most of which is
+#: spent waiting on Redis, so threads are cheaper than more worker processes.
+WEB_THREADS = env.int("WEB_THREADS", default=8)
+_check(WEB_THREADS >= 1, "WEB_THREADS", WEB_THREADS, "at least 1")
 
 # --- Web: HTTPS, request limits, dashboard ---------------------------------------------
 # Production: DJANGO_DEBUG unset, DJANGO_SECRET_KEY set (the same in every web process),

@@ -1,13 +1,16 @@
 """The deployment files: docker-compose.yml validates with Debian's docker-compose (no
 engine needed), takes every credential from the env file, gives every long-running
-service a health check and every GPU worker its own GPU; the GPU check script parses."""
+service a health check and every GPU worker its own GPU, and publishes ports only at the
+TLS front door; the GPU check script parses."""
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,7 @@ def test_compose_file_validates_with_the_example_env() -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("var", ["REDIS_PASSWORD", "POSTGRES_PASSWORD", "DJANGO_SECRET_KEY", "FLOWER_BASIC_AUTH"])
+@pytest.mark.parametrize("var", ["REDIS_PASSWORD", "POSTGRES_PASSWORD", "DJANGO_SECRET_KEY", "SITE_HOST"])
 def test_a_missing_credential_stops_compose_and_names_it(var: str, tmp_path: Path) -> None:
     assert var in required_vars()
     env_file = tmp_path / "env"
@@ -73,7 +76,7 @@ def resolved() -> dict[str, Any]:
 
 def test_every_long_running_service_has_a_health_check(resolved: dict[str, Any]) -> None:
     services = resolved["services"]
-    assert {"redis", "postgres", "web", "collector", "flower", "gpu-0", "gpu-1"} <= set(services)
+    assert {"redis", "postgres", "web", "collector", "flower", "gpu-0", "gpu-1", "proxy"} <= set(services)
     for name, svc in services.items():
         if name != "migrate":  # a one-shot job
             assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
@@ -104,12 +107,87 @@ def test_services_run_the_tested_command_lines_and_persist_redis(resolved: dict[
     assert services["collector"]["command"][-1] == "collector"
     redis_command = " ".join(services["redis"]["command"])
     assert "--appendonly yes --appendfsync everysec" in redis_command
-    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+    assert services["flower"]["command"][-2:] == ["flower", "--behind-proxy"]
     # Every secret-looking setting is interpolated from .env, never written here.
     for line in COMPOSE.read_text().splitlines():
         m = re.match(r"\s*(\w*(PASSWORD|SECRET|AUTH)\w*):\s*(\S+)", line)
         if m:
             assert m.group(3).startswith("${"), f"{m.group(1)} is hard-coded in docker-compose.yml"
+
+
+def test_only_the_proxy_publishes_ports_and_redis_only_on_loopback(resolved: dict[str, Any]) -> None:
+    services = resolved["services"]
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"proxy", "redis"}
+    assert {(p["published"], p["target"]) for p in services["proxy"]["ports"]} == {(80, 80), (443, 443)}
+    (redis_port,) = services["redis"]["ports"]
+    assert str(redis_port).startswith("127.0.0.1:"), redis_port
+
+
+def test_the_proxy_runs_the_tested_caddyfile_and_the_app_trusts_it(resolved: dict[str, Any]) -> None:
+    services = resolved["services"]
+    proxy = services["proxy"]
+    assert any(v.startswith(f"{ROOT}/batching_site/deploy/Caddyfile:/etc/caddy/Caddyfile") for v in proxy["volumes"])
+    assert proxy["environment"]["SITE_ADDRESS"] == "localhost"
+    assert (proxy["environment"]["WEB_UPSTREAM"], proxy["environment"]["FLOWER_UPSTREAM"]) == (
+        "web:8000",
+        "flower:5555",
+    )
+    for name in ("web", "migrate", "flower"):
+        env = services[name]["environment"]
+        assert env["DJANGO_BEHIND_TLS_PROXY"] == "1"
+        assert env["DJANGO_HTTPS"] == "1"
+        assert env["DJANGO_CSRF_TRUSTED_ORIGINS"] == "https://localhost"
+    assert "FLOWER_BASIC_AUTH" not in services["flower"]["environment"]
+
+
+def test_the_containers_settings_pass_check_deploy(tmp_path: Path) -> None:
+    # An operator's .env: the example with every change-me replaced.
+    env_file = tmp_path / "env"
+    env_file.write_text(
+        "".join(
+            line.replace("change-me-to-50-random-characters", secrets.token_urlsafe(50)).replace(
+                "change-me", secrets.token_urlsafe(16)
+            )
+            + "\n"
+            for line in ENV_EXAMPLE.read_text().splitlines()
+        )
+    )
+    yaml = pytest.importorskip("yaml")
+    result = compose(env_file, "config")
+    assert result.returncode == 0, result.stderr
+    web = yaml.safe_load(result.stdout)["services"]["web"]["environment"]
+    assert serve.placeholders(web) == []
+    env = {"PATH": os.environ.get("PATH", ""), "DJANGO_READ_DOT_ENV": "0", **web}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path}/db.sqlite3"  # no postgres here; check --deploy reads none
+    check = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_redis_refuses_the_placeholder_password(tmp_path: Path) -> None:
+    # The same guard as the app services' (serve.placeholders), in Redis' own shell.
+    yaml = pytest.importorskip("yaml")
+    resolved = yaml.safe_load(compose(ENV_EXAMPLE, "config").stdout)
+    script = (
+        resolved["services"]["redis"]["command"][2].replace("$$", "$").replace("exec redis-server", "echo redis-server")
+    )
+    for password, refused in (("change-me", True), ("s3cret-value", False)):
+        result = subprocess.run(
+            ["sh", "-c", script],
+            env={"REDIS_PASSWORD": password, "REDIS_MAXMEMORY": "1mb"},
+            capture_output=True,
+            text=True,
+        )
+        assert (result.returncode != 0) == refused, result
+        if refused:
+            assert result.stderr.strip() == "replace change-me in .env: REDIS_PASSWORD"
 
 
 def test_redis_has_a_memory_limit_and_never_evicts(resolved: dict[str, Any], tmp_path: Path) -> None:
@@ -140,6 +218,9 @@ def test_serve_roles_exec_the_same_commands_as_make_run_and_the_tests(monkeypatc
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
     with pytest.raises(SystemExit):
         serve.command(["flower"])
+    behind = serve.command(["flower", "--behind-proxy"])
+    assert behind == [*processes.flower_command(behind_proxy=True), "--address=0.0.0.0"]
+    assert "--url_prefix=flower" in behind
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "user:secret")
     assert serve.command(["flower"])[-1] == "--address=0.0.0.0"
 
