@@ -25,6 +25,29 @@ class Overloaded(BatchingError):
         )
 
 
+class QuotaExceeded(Overloaded):
+    """One client's quota (tasks/core/quota.py) refused its requests: the others still
+    get in. `limit` says which: "rate", "in_flight" or "share"."""
+
+    _WHAT = {
+        "rate": "you are sending faster than your rate limit",
+        "in_flight": "you have as many requests waiting for answers as your quota allows",
+        "share": "you hold your share of the {tier} tier's queue",
+    }
+
+    def __init__(self, owner: str, limit: str, tier: str, retry_after: float) -> None:
+        BatchingError.__init__(self, owner, limit, tier, retry_after)
+        self.owner, self.limit, self.tier, self.retry_after = owner, limit, tier, retry_after
+        self.queue, self.cap = tier, 0
+
+    def __str__(self) -> str:
+        what = self._WHAT.get(self.limit, "your quota is used up").format(tier=self.tier)
+        return (
+            f"{what}; retry after {self.retry_after:.2f}s, or wait for your pending answers "
+            "(an operator can raise your quota in the admin)"
+        )
+
+
 class RequestTooLarge(BatchingError, ValueError):
     """A request is longer than the model or the batch token budget allows."""
 

@@ -20,7 +20,8 @@ from celery.result import AsyncResult
 from django.conf import settings
 
 from .. import metrics
-from ..core.errors import DeadlineExceeded, Overloaded, RequestTooLarge
+from ..core.errors import DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
+from ..core.quota import Quota
 from ..protocol import events as flower_events
 from ..protocol import wire
 from ..protocol.app import get_app
@@ -29,7 +30,16 @@ from ..protocol.request import Request
 from ..store import request_queues, shared_state
 from .intake import accept
 
-__all__ = ["DeadlineExceeded", "Overloaded", "RequestTooLarge", "details", "submit", "submit_many"]
+__all__ = [
+    "DeadlineExceeded",
+    "Overloaded",
+    "Quota",
+    "QuotaExceeded",
+    "RequestTooLarge",
+    "details",
+    "submit",
+    "submit_many",
+]
 
 _policy = shared_state.PolicyCache(max_age_s=0.5)
 
@@ -40,10 +50,13 @@ def submit(
     priority: str = "normal",
     model: str | None = None,
     deadline_s: float | None = None,
+    owner: str = "",
+    quota: Quota | None = None,
 ) -> AsyncResult:
     """Queue one text. Raises ValueError/TypeError for bad input and Overloaded when the
-    priority's queue is at its cap; nothing is enqueued in either case."""
-    return submit_many([text], priority=priority, model=model, deadline_s=deadline_s)[0]
+    priority's queue is at its cap (QuotaExceeded when the owner's quota is); nothing
+    is enqueued in either case."""
+    return submit_many([text], priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)[0]
 
 
 def submit_many(
@@ -52,9 +65,15 @@ def submit_many(
     priority: str = "normal",
     model: str | None = None,
     deadline_s: float | None = None,
+    owner: str = "",
+    quota: Quota | None = None,
 ) -> list[AsyncResult]:
     """Queue several texts; results come back in input order. All are validated first,
-    so one bad text enqueues none of them."""
+    so one bad text enqueues none of them.
+
+    `owner` names who submits ("user:42"): only they (and staff) may read the answers
+    on the web, and `quota` bounds what they may spend. A script calling this in-process
+    is trusted and passes neither."""
     if isinstance(texts, str):
         raise TypeError("submit_many takes a list of texts; use submit() for one text")
     policy = _policy.get()
@@ -66,6 +85,7 @@ def submit_many(
             deadline_s=deadline_s,
             policy=policy,
             default_model=settings.DEFAULT_MODEL,
+            test_models=settings.BATCHING_TEST_MODELS,
         )
         for t in texts
     ]
@@ -83,19 +103,45 @@ def submit_many(
     events = flower_events.sent(app, REQUEST_TASK, shown, queue) if settings.CELERY_TASK_SEND_SENT_EVENT else None
     # The cap check, the ledger record, the push of every message and their task-sent
     # events: one round trip.
-    accepted, depth = request_queues.admit(
-        shared_state.client(), priority, policy.queue_caps[priority], entries, events
+    deadline = max((r.deadline_at for r in requests if r.deadline_at is not None), default=None)
+    in_flight_s = _in_flight_s(requests[0].submitted_at, deadline)
+    admitted = request_queues.admit(
+        shared_state.client(),
+        priority,
+        policy.queue_caps[priority],
+        entries,
+        events,
+        owner=owner,
+        quota=quota,
+        keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
+        in_flight_s=in_flight_s,
     )
-    if not accepted:
-        metrics.record_rejected(priority, len(entries))
+    if not admitted.accepted:
+        metrics.record_rejected(priority, len(entries), reason=admitted.refused_by, owner=owner)
+        if admitted.refused_by != "tier":
+            raise QuotaExceeded(owner, admitted.refused_by, priority, max(0.1, admitted.retry_after))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
-        raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, depth / 200.0)))
+        raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, admitted.depth / 200.0)))
     results = []
     for task_id, _ in entries:
         # What send_task does for its result: subscribe now, so .get() misses nothing.
         app.backend.on_task_call(None, task_id)
         results.append(app.AsyncResult(task_id, task_name=REQUEST_TASK))
     return results
+
+
+#: How long past its deadline a request still counts as in flight: the device's run and
+#: the hand-back of a batch that outlived its visibility timeout.
+IN_FLIGHT_GRACE_S = 120.0
+#: A request with no deadline counts as in flight for at most this long.
+NO_DEADLINE_IN_FLIGHT_S = 24 * 3600.0
+
+
+def _in_flight_s(now: float, deadline_at: float | None) -> float:
+    """How long requests count against their owner's quota if no answer ever comes."""
+    if deadline_at is None:
+        return NO_DEADLINE_IN_FLIGHT_S
+    return min(NO_DEADLINE_IN_FLIGHT_S, max(0.0, deadline_at - now) + IN_FLIGHT_GRACE_S)
 
 
 def _argsrepr(req: Request) -> str:

@@ -3,7 +3,7 @@ Snapshot (snapshot.py) by /metrics and /dashboard/."""
 
 from .record import CollectorMetrics, record_batch, record_isolated, record_rejected
 from .schema import REQUEST_KINDS, SERIES_LEN
-from .snapshot import Snapshot, read, reset
+from .snapshot import Snapshot, read, refused_by_owner, reset
 
 __all__ = [
     "REQUEST_KINDS",
@@ -14,5 +14,6 @@ __all__ = [
     "record_batch",
     "record_isolated",
     "record_rejected",
+    "refused_by_owner",
     "reset",
 ]

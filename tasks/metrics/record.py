@@ -38,6 +38,7 @@ from ..protocol.names import (
     METRICS_HIST_PREFIX,
     METRICS_RECENT_FAILED_KEY,
     METRICS_RECENT_SLOW_KEY,
+    METRICS_REFUSED_BY_OWNER_KEY,
     METRICS_RUN_DEVICES_KEY,
     METRICS_SERIES_KEY,
     PRIORITIES,
@@ -84,9 +85,19 @@ def _add_histogram(pipe: Any, name: str, h: Histogram) -> None:
 
 
 @_never_raises
-def record_rejected(priority: str, count: int = 1, r: redis.Redis | None = None) -> None:
-    """Requests refused with Overloaded at the edge."""
-    _client(r).hincrby(METRICS_COUNTERS_KEY, f"rejected:{priority}", count)
+def record_rejected(
+    priority: str, count: int = 1, r: redis.Redis | None = None, *, reason: str = "tier", owner: str = ""
+) -> None:
+    """Requests refused at the edge: by the tier's cap (Overloaded), or by their owner's
+    quota (QuotaExceeded: `reason` is "rate", "in_flight" or "share")."""
+    pipe = _client(r).pipeline(transaction=False)
+    if reason == "tier":
+        pipe.hincrby(METRICS_COUNTERS_KEY, f"rejected:{priority}", count)
+    else:
+        pipe.hincrby(METRICS_COUNTERS_KEY, f"quota:{reason}", count)
+    if owner:
+        pipe.hincrby(METRICS_REFUSED_BY_OWNER_KEY, owner, count)
+    pipe.execute()
 
 
 # --- the collector ---------------------------------------------------------------------

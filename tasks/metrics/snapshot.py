@@ -18,6 +18,7 @@ from ..protocol.names import (
     METRICS_PREFIX,
     METRICS_RECENT_FAILED_KEY,
     METRICS_RECENT_SLOW_KEY,
+    METRICS_REFUSED_BY_OWNER_KEY,
     METRICS_RUN_DEVICES_KEY,
     METRICS_SERIES_KEY,
     PRIORITIES,
@@ -102,6 +103,11 @@ def read(r: redis.Redis | None = None, *, series: bool = True) -> Snapshot:
     snap.collector = collector if isinstance(collector, dict) else None
     snap.redis_memory = RedisMemory.from_info(next(res))
     return snap
+
+
+def refused_by_owner(r: redis.Redis | None = None) -> dict[str, int]:
+    """Requests refused at the edge, per owner, since the metrics were last reset."""
+    return decode_counters((r or client()).hgetall(METRICS_REFUSED_BY_OWNER_KEY))
 
 
 def reset(r: redis.Redis | None = None) -> None:

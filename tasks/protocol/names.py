@@ -65,6 +65,31 @@ def redeliveries_key(task_id: str) -> str:
     return f"{PREFIX}redeliveries:{task_id}"
 
 
+def owner_key(task_id: str) -> str:
+    """String "<tier>|<owner>": who submitted this request (tasks/store/owners.py). It
+    lives as long as the request's answer, and decides who may read it."""
+    return f"{PREFIX}owner:{task_id}"
+
+
+#: Sorted sets "<prefix><owner>:<tier>": a client's requests accepted and not yet
+#: answered, scored by when to forget them if no answer ever comes. The admission script
+#: counts them and the outcome script (set_once.lua) removes an answered one.
+IN_FLIGHT_PREFIX = PREFIX + "in_flight:"
+
+
+def in_flight_key(owner: str, priority: str) -> str:
+    return f"{IN_FLIGHT_PREFIX}{owner}:{priority}"
+
+
+#: Sorted set: owner -> when it last had a request admitted (the dashboard's clients).
+OWNERS_INDEX_KEY = PREFIX + "owners"
+
+
+def rate_key(owner: str) -> str:
+    """Hash {tokens, at}: a client's rate bucket (tasks/core/quota.py)."""
+    return f"{PREFIX}rate:{owner}"
+
+
 #: Hash: counters of first answers and of refused second answers.
 ANSWERS_KEY = PREFIX + "answers"
 
@@ -93,6 +118,8 @@ METRICS_RUN_DEVICES_KEY = METRICS_PREFIX + "run_devices"
 METRICS_SERIES_KEY = METRICS_PREFIX + "series"
 METRICS_RECENT_FAILED_KEY = METRICS_PREFIX + "recent:failed"
 METRICS_RECENT_SLOW_KEY = METRICS_PREFIX + "recent:slow"
+#: Hash: owner -> requests refused at the edge (its quota or the tier's cap).
+METRICS_REFUSED_BY_OWNER_KEY = METRICS_PREFIX + "refused_by_owner"
 
 # --- Celery's event stream (what Flower reads) ------------------------------------------------
 

@@ -20,7 +20,14 @@ from django.conf import settings
 from redis.commands.core import Script
 
 from ..protocol import lua
-from ..protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, LEDGER_KEY, LEDGER_PAYLOADS_KEY
+from ..protocol.names import (
+    ANSWERS_KEY,
+    IN_FLIGHT_PREFIX,
+    LEDGER_ATTEMPTS_KEY,
+    LEDGER_KEY,
+    LEDGER_PAYLOADS_KEY,
+    owner_key,
+)
 from ..protocol.results import Outcome, result_meta
 
 # Built once: a Script keeps its SHA and runs on whichever client (or pipeline) each
@@ -65,11 +72,13 @@ class OutcomeWriter:
                     LEDGER_KEY,
                     LEDGER_PAYLOADS_KEY,
                     LEDGER_ATTEMPTS_KEY,
+                    owner_key(o.task_id),
                 ],
                 args=[
                     backend.encode(result_meta(o, backend, done)),
                     int(expires or settings.CELERY_RESULT_EXPIRES),
                     o.task_id,
+                    IN_FLIGHT_PREFIX,
                 ],
                 client=pipe,
             )

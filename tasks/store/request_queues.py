@@ -5,7 +5,8 @@ of the ones the collector has taken and not yet sent in a batch (its "unacked"
 requests). The three steps of the hot path are each one Lua script or one transaction,
 atomic and one round trip however many requests they move:
 
-- `admit` (the edge): check the tier's depth against its cap, record the requests in
+- `admit` (the edge): check the tier's depth against its cap and the owner's quota
+  (tasks/core/quota.py), record who owns each request, record the requests in
   the ledger (tasks/store/ledger.py), push their messages and the wake token, and publish
   their task-sent events. All of a `submit_many` is accepted, or none of it.
 - `take` (the collector): move up to its window of messages per tier from the queue
@@ -26,13 +27,15 @@ The repairs off the hot path, `release` (a collector shutting down) and `republi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.commands.core import Script
 
+from ..core.quota import Quota
 from ..protocol import events as flower_events
 from ..protocol import lua, wire
 from ..protocol.events import Events
@@ -41,9 +44,13 @@ from ..protocol.names import (
     EVENTS_QUEUE,
     LEDGER_KEY,
     LEDGER_PAYLOADS_KEY,
+    OWNERS_INDEX_KEY,
     PRIORITIES,
     WAKE_KEY,
     held_key,
+    in_flight_key,
+    owner_key,
+    rate_key,
     request_queue_name,
 )
 from . import clock, ledger
@@ -55,6 +62,19 @@ _TAKE_SCRIPT = Script(None, lua.source("take"))
 _DISPATCH_SCRIPT = Script(None, lua.source("dispatch"))
 #: A tier's position among the held hashes that the dispatch script is given (1-based).
 _TIER_INDEX = {p: i + 1 for i, p in enumerate(PRIORITIES)}
+#: Unused placeholders for requests with no owner (a trusted in-process caller).
+_NO_QUOTA = Quota()
+
+
+class Admission(NamedTuple):
+    accepted: bool
+    #: The tier's depth before, or, when the owner's quota refused, the owner's count.
+    depth: int
+    #: What refused: "tier" (the cap), or the quota's "share", "in_flight" or "rate";
+    #: "" when accepted.
+    refused_by: str = ""
+    #: When a retry can succeed, in seconds (the rate bucket's refill; else a guess).
+    retry_after: float = 0.0
 
 
 def admit(
@@ -63,20 +83,60 @@ def admit(
     cap: int,
     entries: Sequence[tuple[str, str]],
     events: Events | None = None,
-) -> tuple[bool, int]:
-    """Enqueue `entries` (id, message) unless the tier would pass its cap, and then
-    publish their task-sent `events`. Returns (accepted, depth before)."""
-    args: list[Any] = [cap, clock.now()]
+    *,
+    owner: str = "",
+    quota: Quota | None = None,
+    keep_s: float = 3600.0,
+    in_flight_s: float = 3600.0,
+    now: float | None = None,
+) -> Admission:
+    """Enqueue `entries` (id, message) unless the tier would pass its cap or, for an
+    `owner`, its `quota`; then publish their task-sent `events`. An owner's requests
+    are recorded as theirs for `keep_s` (then as long as their answers), and count
+    against its in-flight limit until answered or `in_flight_s` has passed. `now` is
+    Redis's clock unless a test gives its own."""
+    if owner and (quota is None or "|" in owner):
+        raise ValueError(f"an owner needs a quota and no '|' in its name: {owner!r}")
+    q = quota or _NO_QUOTA
+    if now is None:
+        now = clock.now()
+    args: list[Any] = [
+        cap,
+        now,
+        events.message() if events else "",
+        owner,
+        f"{priority}|{owner}",
+        q.rate_per_s,
+        q.burst,
+        q.max_in_flight,
+        q.share_of(cap),
+        _TIER_INDEX[priority],
+        max(1, math.ceil(keep_s)),
+        now + in_flight_s,
+    ]
     if events:
         channels = flower_events.topics(events.app)
-        args += [events.message(), len(channels), *channels]
+        args += [len(channels), *channels]
     else:
-        args += ["", 0]
+        args.append(0)
     for task_id, raw in entries:
         args += [task_id, raw]
-    keys = [request_queue_name(priority), held_key(priority), LEDGER_KEY, LEDGER_PAYLOADS_KEY, WAKE_KEY]
-    ok, depth = _ADMIT_SCRIPT(keys=keys, args=args, client=r)
-    return bool(ok), int(depth)
+    keys = [
+        request_queue_name(priority),
+        held_key(priority),
+        LEDGER_KEY,
+        LEDGER_PAYLOADS_KEY,
+        WAKE_KEY,
+        rate_key(owner),
+        *(in_flight_key(owner, p) for p in PRIORITIES),
+        OWNERS_INDEX_KEY,
+    ]
+    if owner:
+        keys += [owner_key(task_id) for task_id, _ in entries]
+    ok, depth, refused_by, retry_ms = _ADMIT_SCRIPT(keys=keys, args=args, client=r)
+    if isinstance(refused_by, bytes):
+        refused_by = refused_by.decode()
+    return Admission(bool(ok), int(depth), refused_by, int(retry_ms) / 1000.0)
 
 
 def take(r: redis.Redis, window: int, token: str) -> tuple[dict[str, list[bytes]], list[bytes]]:

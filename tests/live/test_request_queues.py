@@ -16,6 +16,7 @@ from kombu.transport.virtual.base import Message
 from polling import poll_until
 
 from batching_site.celery import app
+from tasks.core.quota import Quota
 from tasks.protocol import wire
 from tasks.protocol.names import (
     BATCH_QUEUE,
@@ -25,7 +26,7 @@ from tasks.protocol.names import (
     REQUEST_TASK,
     request_queue_name,
 )
-from tasks.store import ledger, request_queues, shared_state
+from tasks.store import ledger, owners, request_queues, shared_state
 from tasks.store.lease import Lease, LeaseLost
 
 
@@ -69,14 +70,66 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
 
 def test_admit_queues_records_and_wakes_or_refuses_all(r: Any, token: str) -> None:
     batch = messages("low", 3)
-    assert request_queues.admit(r, "low", 4, batch) == (True, 0)
+    assert request_queues.admit(r, "low", 4, batch) == (True, 0, "", 0.0)
     assert r.llen("requests.low") == 3 and r.llen(request_queues.WAKE_KEY) == 1
     assert ledger.size(r) == 3
     # Two more would pass the cap of 4: neither is queued, nothing is recorded.
-    assert request_queues.admit(r, "low", 4, messages("low", 2)) == (False, 3)
+    assert request_queues.admit(r, "low", 4, messages("low", 2)) == (False, 3, "tier", 0.0)
     assert r.llen("requests.low") == 3 and ledger.size(r) == 3
     # Caps are per tier.
     assert request_queues.admit(r, "high", 4, messages("high", 2))[0]
+
+
+# --- a client's quota (tasks/core/quota.py) ---------------------------------------------------
+
+
+def test_a_clients_rate_is_a_token_bucket_refilled_by_the_clock(r: Any) -> None:
+    quota = Quota(rate_per_s=2, burst=4, max_in_flight=100, tier_share=1.0)
+
+    def admit(n: int, at: float) -> request_queues.Admission:
+        return request_queues.admit(r, "normal", 100, messages("normal", n), owner="user:1", quota=quota, now=at)
+
+    assert admit(4, 1000.0).accepted
+    refused = admit(1, 1000.0)
+    assert (refused.accepted, refused.refused_by, refused.retry_after) == (False, "rate", 0.5)
+    assert r.llen("requests.normal") == 4, "a refused request was queued"
+    assert admit(1, 1000.5).accepted  # half a second refills one
+    assert not admit(2, 1000.5).accepted
+    assert admit(4, 1010.0).accepted  # refilled to the burst, no further
+    assert not admit(1, 1010.0).accepted
+
+
+def test_in_flight_and_share_limits_hold_until_answers_arrive(r: Any) -> None:
+    from tasks.protocol.results import Outcome
+    from tasks.store.outcomes import OutcomeWriter
+
+    quota = Quota(rate_per_s=1000, burst=1000, max_in_flight=5, tier_share=0.3)
+    a, b = "user:1", "user:2"
+    first = messages("normal", 3)
+    assert request_queues.admit(r, "normal", 10, first, owner=a, quota=quota).accepted
+    share = request_queues.admit(r, "normal", 10, messages("normal", 1), owner=a, quota=quota)
+    assert (share.accepted, share.refused_by, share.depth) == (False, "share", 3), "3 of a cap of 10 is A's share"
+    # Another tier is another share, but the in-flight limit counts every tier.
+    assert request_queues.admit(r, "low", 10, messages("low", 2), owner=a, quota=quota).accepted
+    assert request_queues.admit(r, "high", 10, messages("high", 1), owner=a, quota=quota).refused_by == "in_flight"
+    # Another client is not held back by A.
+    assert request_queues.admit(r, "normal", 10, messages("normal", 3), owner=b, quota=quota).accepted
+    assert owners.owners_of(r, [first[0][0], "never-submitted"]) == {first[0][0]: a, "never-submitted": None}
+
+    # An answer takes a request out of its owner's in-flight set, and keeps its owner.
+    OutcomeWriter(app).write([Outcome(first[0][0], result=[1.0])])
+    assert request_queues.admit(r, "normal", 10, messages("normal", 1), owner=a, quota=quota).accepted
+    assert owners.owner_of(r, first[0][0]) == a
+    uses = {u.owner: u for u in owners.recent_clients(r)}
+    assert uses[a].in_flight == {"high": 0, "normal": 3, "low": 2} and sum(uses[b].in_flight.values()) == 3
+
+
+def test_a_lost_answer_cannot_pin_a_quota_forever(r: Any) -> None:
+    quota = Quota(rate_per_s=1000, burst=1000, max_in_flight=2, tier_share=1.0)
+    admit = request_queues.admit
+    assert admit(r, "normal", 10, messages("normal", 2), owner="u", quota=quota, in_flight_s=30, now=1000.0).accepted
+    assert admit(r, "normal", 10, messages("normal", 1), owner="u", quota=quota, now=1029.0).refused_by == "in_flight"
+    assert admit(r, "normal", 10, messages("normal", 1), owner="u", quota=quota, now=1031.0).accepted
 
 
 def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(r: Any, token: str) -> None:

@@ -1,24 +1,76 @@
 -- The edge admits a tier's requests, or none of them (tasks/store/request_queues.py::admit).
--- KEYS: queue, held hash, ledger, ledger payloads, wake token.
--- ARGV: cap, now, an events message ('' for none), how many topics, the topics, then
--- (id, message) pairs.
+-- First the tier's cap, then, for requests with an owner, the owner's quota
+-- (tasks/core/quota.py): its share of this tier, its requests in flight, its rate.
+-- KEYS: queue, held hash, ledger, ledger payloads, wake token, the owner's rate bucket,
+--       the owner's in-flight sets for each tier, the index of owners, then one owner
+--       key per request.
+-- ARGV: 1 cap, 2 now, 3 an events message ('' for none), 4 owner ('' for none),
+--       5 what an owner key holds, 6 rate per s, 7 burst, 8 most in flight,
+--       9 this tier's share cap, 10 this tier's index among KEYS[7..9],
+--       11 owner keys' expiry (s), 12 in-flight expiry (an absolute time),
+--       13 how many topics, the topics, then (id, message) pairs.
+-- Returns {accepted, a count (depth before, or the owner's), refused by ('' when
+-- accepted), retry after (ms)}.
 local depth = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[2])
-local ntopics = tonumber(ARGV[4])
-local first = 5 + ntopics
+local now = tonumber(ARGV[2])
+local owner = ARGV[4]
+local ntopics = tonumber(ARGV[13])
+local first = 14 + ntopics
 local n = (#ARGV - first + 1) / 2
 if depth + n > tonumber(ARGV[1]) then
-    return {0, depth}
+    return {0, depth, 'tier', 0}
 end
+
+local in_flight = KEYS[6 + tonumber(ARGV[10])]
+if owner ~= '' then
+    local total, mine = 0, 0
+    for k = 7, 9 do
+        -- Forget requests past their in-flight expiry: a lost answer cannot pin a quota.
+        redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
+        local c = redis.call('ZCARD', KEYS[k])
+        total = total + c
+        if KEYS[k] == in_flight then mine = c end
+    end
+    if mine + n > tonumber(ARGV[9]) then
+        return {0, mine, 'share', 1000}
+    end
+    if total + n > tonumber(ARGV[8]) then
+        return {0, total, 'in_flight', 1000}
+    end
+    -- A token bucket: `burst` requests at once, refilled at `rate` a second.
+    local rate, burst = tonumber(ARGV[6]), tonumber(ARGV[7])
+    local bucket = redis.call('HMGET', KEYS[6], 'tokens', 'at')
+    local tokens = tonumber(bucket[1]) or burst
+    local at = tonumber(bucket[2]) or now
+    if now > at then tokens = math.min(burst, tokens + (now - at) * rate) end
+    if tokens < n then
+        return {0, total, 'rate', math.ceil((n - tokens) / rate * 1000)}
+    end
+    redis.call('HSET', KEYS[6], 'tokens', tostring(tokens - n), 'at', tostring(now))
+    redis.call('EXPIRE', KEYS[6], math.ceil(burst / rate) + 1)
+end
+
+local k = 11
 for i = first, #ARGV, 2 do
-    redis.call('ZADD', KEYS[3], ARGV[2], ARGV[i])
+    redis.call('ZADD', KEYS[3], now, ARGV[i])
     redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
     redis.call('LPUSH', KEYS[1], ARGV[i + 1])
+    if owner ~= '' then
+        redis.call('SET', KEYS[k], ARGV[5], 'EX', ARGV[11])
+        redis.call('ZADD', in_flight, ARGV[12], ARGV[i])
+        k = k + 1
+    end
+end
+if owner ~= '' then
+    redis.call('ZADD', KEYS[10], now, owner)
+    local ttl = math.ceil(tonumber(ARGV[12]) - now) + 1
+    if redis.call('TTL', in_flight) < ttl then redis.call('EXPIRE', in_flight, ttl) end
 end
 redis.call('LPUSH', KEYS[5], 1)
 redis.call('LTRIM', KEYS[5], 0, 0)
 if ARGV[3] ~= '' then
-    for t = 5, 4 + ntopics do
+    for t = 14, 13 + ntopics do
         redis.call('PUBLISH', ARGV[t], ARGV[3])
     end
 end
-return {1, depth}
+return {1, depth, '', 0}

@@ -1,13 +1,24 @@
 -- A request's one final outcome (tasks/store/outcomes.py). The ledger entry goes in either
 -- case: the request has its one answer.
--- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts.
--- ARGV: meta, expiry, id.
+-- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts, owner key.
+-- ARGV: meta, expiry, id, in-flight key prefix.
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
     redis.call('HINCRBY', KEYS[2], 'first', 1)
+    -- An owned request leaves its owner's in-flight set, and who owns it is kept as
+    -- long as its answer. The set's name is built here, from the owner key's
+    -- "<tier>|<owner>" (tasks/protocol/names.py::in_flight_key): a single Redis, not a
+    -- cluster, so a key not declared in KEYS is safe.
+    local record = redis.call('GET', KEYS[6])
+    if record then
+        local bar = string.find(record, '|', 1, true)
+        local tier, owner = string.sub(record, 1, bar - 1), string.sub(record, bar + 1)
+        redis.call('ZREM', ARGV[4] .. owner .. ':' .. tier, ARGV[3])
+        redis.call('EXPIRE', KEYS[6], ARGV[2])
+    end
     return 1
 end
 redis.call('HINCRBY', KEYS[2], 'refused', 1)

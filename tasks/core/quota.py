@@ -1,0 +1,61 @@
+"""A client's quota: what one user (or one anonymous demo session) may spend.
+
+Checked by the edge's admission script in Redis (tasks/protocol/lua/admit.lua), in the
+same atomic step as the tier's cap, so a flood from one client can never slip past it
+between a check and a push. Three limits, each answered with 429 and Retry-After:
+
+- a **rate**: a token bucket of `burst` requests refilled at `rate_per_s`;
+- **in flight**: at most `max_in_flight` of the client's requests accepted and not yet
+  answered, over all tiers;
+- a **share of each tier**: at most `tier_share` of a tier's queue cap held by this
+  client, so other clients still get in while one fills its share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+#: What can refuse a client's request, as the admission script names it.
+QUOTA_LIMITS: tuple[str, ...] = ("rate", "in_flight", "share")
+
+
+@dataclass(frozen=True)
+class Quota:
+    #: Sustained requests a second (the bucket's refill rate).
+    rate_per_s: float = 50.0
+    #: Requests accepted at once from a full bucket.
+    burst: int = 200
+    #: Most requests accepted and not yet answered, all tiers together.
+    max_in_flight: int = 500
+    #: Most of one tier's queue cap this client may hold, as a fraction in (0, 1].
+    tier_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rate_per_s, (int, float)) and math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
+            raise ValueError(f"rate_per_s must be a positive number of requests a second, got {self.rate_per_s!r}")
+        for name in ("burst", "max_in_flight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.tier_share, (int, float)) and 0 < self.tier_share <= 1):
+            raise ValueError(f"tier_share must be a fraction in (0, 1], got {self.tier_share!r}")
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Quota:
+        """A quota from settings ("rate_per_s=50,burst=200"): unknown keys are named."""
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"unknown quota field(s) {', '.join(sorted(unknown))}; known: {', '.join(cls.__annotations__)}"
+            )
+        kinds = {"rate_per_s": float, "burst": int, "max_in_flight": int, "tier_share": float}
+        return cls(**{k: kinds[k](v) for k, v in values.items()})
+
+    def share_of(self, cap: int) -> int:
+        """How many of a tier capped at `cap` this client may hold: at least one."""
+        return max(1, math.floor(cap * self.tier_share))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
