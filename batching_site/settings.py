@@ -156,6 +156,24 @@ BATCHING_CELERY_APP = env("BATCHING_CELERY_APP", default="batching_site.celery.a
 DEVICES = env.list("DEVICES", default=[])
 #: The model a request gets when it names none.
 DEFAULT_MODEL = env("DEFAULT_MODEL", default="minilm")
+#: The test model `synthetic` and its directives (!fail, !slow, !hang, !crash) are
+#: refused unless this is on. Tests and benchmarks turn it on; `check --deploy` warns.
+BATCHING_TEST_MODELS = env.bool("BATCHING_TEST_MODELS", default=False)
+
+# --- Who may submit, and how much (tasks/core/quota.py, batching_site/web/access.py) ---
+
+#: Open `/` and `/submit` to visitors who are not logged in. They share one small quota
+#: (ANONYMOUS_QUOTA) and each reads only what its own browser session submitted.
+BATCHING_OPEN_DEMO = env.bool("BATCHING_OPEN_DEMO", default=False)
+#: A logged-in user's quota unless the admin sets one for the user or a group:
+#: "rate_per_s=50,burst=200,max_in_flight=500,tier_share=0.5".
+DEFAULT_QUOTA = env.dict("BATCHING_DEFAULT_QUOTA", cast={"value": float}, default={})
+#: What all anonymous demo visitors share, together.
+ANONYMOUS_QUOTA = env.dict(
+    "BATCHING_ANONYMOUS_QUOTA",
+    cast={"value": float},
+    default={"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05},
+)
 #: Requests the collector holds per tier before it stops taking from that queue.
 #: Bigger windows give the scheduler a fuller view to pack from.
 COLLECTOR_WINDOW = env.int("COLLECTOR_WINDOW", default=256)

@@ -21,6 +21,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+# Benchmarks drive the test model `synthetic`, here and in the processes they start.
+os.environ.setdefault("BATCHING_TEST_MODELS", "1")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 import django  # noqa: E402

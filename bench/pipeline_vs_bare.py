@@ -29,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # runnable as a plain script
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+# Benchmarks drive the test model `synthetic`, here and in the processes they start.
+os.environ.setdefault("BATCHING_TEST_MODELS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -35,6 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # runnable as a plain script
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+# Benchmarks drive the test model `synthetic`, here and in the processes they start.
+os.environ.setdefault("BATCHING_TEST_MODELS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("LOG_LEVEL", "WARNING")  # here and in every process started from here

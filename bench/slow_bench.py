@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+# Benchmarks drive the test model `synthetic`, here and in the processes they start.
+os.environ.setdefault("BATCHING_TEST_MODELS", "1")
 
 import django  # noqa: E402
 

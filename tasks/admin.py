@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .core.policy import PRIORITIES
-from .models import BatchingPolicy, PolicyChange
+from .models import BatchingPolicy, ClientQuota, PolicyChange
 
 #: How many recent changes the policy page lists; the rest are in the history.
 RECENT_CHANGES = 5
@@ -69,6 +69,20 @@ class BatchingPolicyAdmin(admin.ModelAdmin):
         )
         link = reverse("admin:tasks_policychange_changelist")
         return format_html('<ul>{}</ul><a href="{}">All changes</a>', items or "none yet", link)
+
+
+@admin.register(ClientQuota)
+class ClientQuotaAdmin(admin.ModelAdmin):
+    """Per-user and per-group quotas. A change reaches every web process within
+    ClientQuotaManager.CACHE_S; the dashboard's "Clients" panel shows each client's use."""
+
+    list_display = ("__str__", "user", "group", "rate_per_s", "burst", "max_in_flight", "tier_share")
+    list_select_related = ("user", "group")
+    search_fields = ("user__username", "group__name")
+    fieldsets = (
+        ("Who", {"fields": ("user", "group"), "description": "Either one user, or every member of one group."}),
+        ("Limits", {"fields": ("rate_per_s", "burst", "max_in_flight", "tier_share")}),
+    )
 
 
 @admin.register(PolicyChange)

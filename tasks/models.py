@@ -21,6 +21,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from .core.policy import OVERSIZED_ACTIONS, PRIORITIES, BatchPolicy
+from .core.quota import Quota
 from .store import shared_state
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,126 @@ class PolicyChange(models.Model):
 
 
 # --- API tokens ------------------------------------------------------------------------
+
+
+class ClientQuotaManager(models.Manager["ClientQuota"]):
+    #: Seconds a web process keeps a user's quota before reading it again: an admin
+    #: change reaches every process within this, and a flood costs no query per call.
+    CACHE_S = 5.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[tuple[Any, Any], tuple[float, Quota]] = {}
+
+    def quota_for(self, user: Any, *, now: float | None = None) -> Quota:
+        """The user's own row, else the most generous row among their groups, else
+        settings.DEFAULT_QUOTA."""
+        import time
+
+        now = time.monotonic() if now is None else now
+        # With date_joined, a test database's reused primary key is another user.
+        key = (user.pk, getattr(user, "date_joined", None))
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < self.CACHE_S:
+            return hit[1]
+        rows = list(self.filter(models.Q(user=user) | models.Q(group__in=user.groups.all())))
+        own = [r for r in rows if r.user_id == user.pk]
+        if own:
+            quota = own[0].to_quota()
+        elif rows:
+            quota = max((r.to_quota() for r in rows), key=lambda q: (q.max_in_flight, q.rate_per_s))
+        else:
+            quota = Quota.from_mapping(settings.DEFAULT_QUOTA)
+        self._cache[key] = (now, quota)
+        return quota
+
+    def forget(self) -> None:
+        """Read every quota afresh (after a save in this process)."""
+        self._cache.clear()
+
+
+_QUOTA = Quota()
+
+
+class ClientQuota(models.Model):
+    """What one user, or each member of a group, may spend (tasks/core/quota.py). A
+    user's own row wins over their groups'; with neither, BATCHING_DEFAULT_QUOTA."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        verbose_name="user",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="batching_quota",
+        help_text="This user's quota (set this or a group, not both).",
+    )
+    group = models.OneToOneField(
+        "auth.Group",
+        verbose_name="group",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="batching_quota",
+        help_text="Each member's quota, unless the member has one of their own.",
+    )
+    rate_per_s = models.FloatField(
+        "rate (requests/s)", default=_QUOTA.rate_per_s, help_text="Sustained requests a second. Past it: 429."
+    )
+    burst = models.PositiveIntegerField(
+        "burst", default=_QUOTA.burst, help_text="Requests accepted at once after a quiet spell."
+    )
+    max_in_flight = models.PositiveIntegerField(
+        "most in flight",
+        default=_QUOTA.max_in_flight,
+        help_text="Most requests accepted and not yet answered, all tiers together. Past it: 429.",
+    )
+    tier_share = models.FloatField(
+        "share of a tier",
+        default=_QUOTA.tier_share,
+        help_text="Most of one tier's queue cap this client may hold, a fraction in (0, 1], so others still get in.",
+    )
+
+    objects = ClientQuotaManager()
+
+    class Meta:
+        verbose_name = "client quota"
+        verbose_name_plural = "client quotas"
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False, group__isnull=True)
+                | models.Q(user__isnull=True, group__isnull=False),
+                name="tasks_clientquota_user_xor_group",
+            )
+        ]
+
+    def __str__(self) -> str:
+        who = f"user {self.user}" if self.user_id else f"group {self.group}"
+        return f"{who}: {self.rate_per_s:g}/s, burst {self.burst}, {self.max_in_flight} in flight"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        super().save(*args, **kwargs)
+        ClientQuota.objects.forget()
+
+    def to_quota(self) -> Quota:
+        return Quota(
+            rate_per_s=self.rate_per_s,
+            burst=self.burst,
+            max_in_flight=self.max_in_flight,
+            tier_share=self.tier_share,
+        )
+
+    def clean(self) -> None:
+        if bool(self.user_id) == bool(self.group_id):
+            raise ValidationError("set either a user or a group")
+        try:
+            self.to_quota()
+        except ValueError as exc:
+            field = str(exc).split(" ", 1)[0]
+            raise ValidationError(
+                {field if field in {f.name for f in self._meta.fields} else NON_FIELD_ERRORS: str(exc)}
+            ) from None
+
 
 #: Every token starts with this, so a leaked one is easy to recognise (and to grep for).
 API_TOKEN_PREFIX = "bt_"

@@ -10,9 +10,12 @@ import threading
 
 from .base import BatchRunner, ModelSpec, check_device
 
-__all__ = ["MODEL_NAMES", "BatchRunner", "ModelSpec", "check_device", "get_spec"]
+__all__ = ["MODEL_NAMES", "TEST_MODELS", "BatchRunner", "ModelSpec", "check_device", "get_spec"]
 
 MODEL_NAMES: tuple[str, ...] = ("minilm", "synthetic")
+#: Models for tests and benchmarks only: the edge refuses them unless
+#: BATCHING_TEST_MODELS is on (synthetic's directives can fail, stall or kill a device).
+TEST_MODELS: frozenset[str] = frozenset({"synthetic"})
 
 _specs: dict[str, ModelSpec] = {}
 _lock = threading.Lock()

@@ -11,7 +11,7 @@ import math
 
 from celery import shared_task
 
-from gpu_workers.models import get_spec
+from gpu_workers.models import TEST_MODELS, get_spec
 
 from ..core.errors import RequestTooLarge
 from ..core.policy import PRIORITIES, BatchPolicy
@@ -32,8 +32,10 @@ def accept(
     deadline_s: object = None,
     policy: BatchPolicy,
     default_model: str,
+    test_models: bool = False,
 ) -> Request:
-    """Validate one request and count its tokens, or raise ValueError / TypeError."""
+    """Validate one request and count its tokens, or raise ValueError / TypeError.
+    Test models (gpu_workers.models.TEST_MODELS) are refused unless `test_models`."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
@@ -44,6 +46,11 @@ def accept(
         raise ValueError(f"unknown priority {priority!r}; choose one of: {', '.join(PRIORITIES)}")
     model_name = default_model if model is None else model
     spec = get_spec(model_name)  # raises ValueError naming the known models
+    if spec.name in TEST_MODELS and not test_models:
+        raise ValueError(
+            f"model {spec.name!r} is a test model and is off here; choose {default_model!r} "
+            "(operators: BATCHING_TEST_MODELS=1 turns test models on, for tests and benchmarks only)"
+        )
     if deadline_s is None:
         deadline_s = policy.default_deadline_s
     if deadline_s is not None and (

@@ -24,6 +24,7 @@ KNOBS = (
     "DJANGO_HSTS_SECONDS",
     "DJANGO_HSTS_INCLUDE_SUBDOMAINS",
     "DJANGO_HSTS_PRELOAD",
+    "BATCHING_TEST_MODELS",
 )
 
 
@@ -63,6 +64,17 @@ def test_check_deploy_is_clean_with_a_production_environment() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_check_deploy_warns_while_the_test_model_is_on() -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=production_env(BATCHING_TEST_MODELS="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "batching.W001" in result.stderr + result.stdout
 
 
 def test_https_protections_default_on_when_debug_is_off() -> None:
