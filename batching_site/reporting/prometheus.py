@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from tasks.core.histogram import Histogram
+from tasks.core.quota import QUOTA_LIMITS
 from tasks.metrics import REQUEST_KINDS, Snapshot
 from tasks.protocol.names import PRIORITIES
 from tasks.store.shared_state import HEARTBEAT_TTL_S
@@ -100,6 +101,15 @@ class SnapshotCollector(Collector):
             ("batching_batch_capacity", "batch_cap", "Sum of max_batch_size over dispatched batches."),
         ):
             yield CounterMetricFamily(name, doc, value=c.get(key, 0))
+
+        quota = CounterMetricFamily(
+            "batching_quota_refusals",
+            "Requests refused by their owner's quota (tasks/core/quota.py), by the limit that refused them.",
+            labels=["limit"],
+        )
+        for limit in QUOTA_LIMITS:
+            quota.add_metric([limit], c.get(f"quota:{limit}", 0))
+        yield quota
 
         run = HistogramMetricFamily(
             "batching_batch_run_seconds", "Model time per batch, per device.", labels=["device"]

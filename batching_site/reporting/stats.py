@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.core.quota import QUOTA_LIMITS
 from tasks.metrics import REQUEST_KINDS, Snapshot
 from tasks.protocol.names import PRIORITIES
 from tasks.store.shared_state import HEARTBEAT_TTL_S
@@ -191,8 +192,25 @@ def build(
         "slo": evaluate_slo(slo, wait=wait, minute=minute, devices=devices, collector_up=collector_up),
         "series": chart_series(series, since=since),
         "recent": {"failed": snap.recent_failed, "slow": snap.recent_slow},
+        "quota_refusals": {limit: snap.counters.get(f"quota:{limit}", 0) for limit in QUOTA_LIMITS},
         "links": {"flower": flower_url, "metrics": "/metrics"},
     }
+
+
+def clients(uses: Sequence[Any], refused: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Each recent client's use of its quota, for staff: requests in flight per tier,
+    what its rate bucket holds, and how many of its requests were refused."""
+    return [
+        {
+            "owner": u.owner,
+            "in_flight": u.in_flight,
+            "in_flight_total": sum(u.in_flight.values()),
+            "bucket": None if u.bucket is None else round(u.bucket, 1),
+            "refused": refused.get(u.owner, 0),
+            "last_admitted_at": u.last_admitted_at,
+        }
+        for u in uses
+    ]
 
 
 def evaluate_slo(

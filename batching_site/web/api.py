@@ -7,9 +7,12 @@ Auth, on every operation:
 Without either: 401.
 
 Errors are JSON `{"detail": ...}`, never a 500 for bad input:
-400 unparseable body, 401/403 auth or CSRF, 413 body over DATA_UPLOAD_MAX_MEMORY_SIZE
-or a text over its limit, 422 invalid fields, 429 queue full (with Retry-After),
-503 broker unreachable.
+400 unparseable body, 401/403 auth or CSRF, 404 a request that is not yours, 413 body
+over DATA_UPLOAD_MAX_MEMORY_SIZE or a text over its limit, 422 invalid fields, 429 queue
+full or your quota used up (with Retry-After), 503 broker unreachable.
+
+Who reads what: a request is read by its owner (the user who submitted it, by session
+or token) and by staff; batching_site/web/access.py holds every rule.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from pydantic import field_validator, model_validator
 
 from tasks import metrics
 from tasks.core.errors import Overloaded
-from tasks.edge.client import submit_many
 from tasks.models import ApiToken
 from tasks.protocol.names import PRIORITIES
+from tasks.store import owners, shared_state
 
 from ..reporting import stats, timeline
+from . import access
 from .errors import refusal
 
 log = logging.getLogger(__name__)
@@ -159,19 +163,31 @@ def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
     """
     texts = [payload.text] if payload.text is not None else list(payload.texts or [])
     try:
-        results = submit_many(texts, priority=payload.priority, model=payload.model, deadline_s=payload.deadline_s)
+        ids = access.submit_texts(
+            request,
+            request.auth,
+            texts,
+            priority=payload.priority,
+            model=payload.model,
+            deadline_s=payload.deadline_s,
+        )
     except (ValueError, TypeError) as exc:
         # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text.
         answer = refusal(exc)
         assert answer is not None
         raise HttpError(answer.status, answer.detail) from exc
-    return Status(202, {"ids": [r.id for r in results], "status": "PENDING"})
+    return Status(202, {"ids": ids, "status": "PENDING"})
 
 
-@api.get("/requests/{request_id}", response={200: RequestOut, **ERRORS}, summary="A request's status and result")
+@api.get(
+    "/requests/{request_id}", response={200: RequestOut, 404: Error, **ERRORS}, summary="A request's status and result"
+)
 def get_request(request: HttpRequest, request_id: uuid.UUID) -> dict[str, Any]:
     """PENDING, or SUCCESS with `result`, or FAILURE with `error`; `details` and
-    `timeline` say which batch and device ran it and when."""
+    `timeline` say which batch and device ran it and when. Only its owner and staff
+    read it: 404 for anybody else, as for an id that never existed."""
+    if not access.may_read(request, request.auth, str(request_id)):
+        raise HttpError(404, "no such request of yours")
     return timeline.read(str(request_id))
 
 
@@ -183,13 +199,21 @@ def get_stats(
     ] = None,
 ) -> dict[str, Any]:
     """Queue depths, p50/p99 wait per priority, throughput, batch fill, devices, SLO
-    checks, recent failed and isolated requests, and the chart series."""
-    return stats.build(
+    checks, recent failed and isolated requests (only your own, unless you are staff),
+    the chart series, and, for staff, each recent client's use of its quota."""
+    body = stats.build(
         metrics.read(),
         slo=stats.Slo.from_settings(),
         flower_url=settings.FLOWER_URL,
         since=since,
     )
+    recent = body["recent"]
+    for kind in ("failed", "slow"):
+        mine = access.readable(request, request.auth, [e.get("id") for e in recent[kind] if e.get("id")])
+        recent[kind] = [e for e in recent[kind] if e.get("id") in mine]
+    if access.is_staff(request.auth):
+        body["clients"] = stats.clients(owners.recent_clients(shared_state.client()), metrics.refused_by_owner())
+    return body
 
 
 # --- errors ---------------------------------------------------------------------------------

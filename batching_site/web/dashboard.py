@@ -1,10 +1,10 @@
 """Pages for people and Prometheus: /dashboard/, /requests/<id>, /metrics.
 
 The dashboard is a static page that fetches /api/v1/stats once a second with its
-session cookie, so it needs a login. /requests/<id> needs none: a request id is an
-unguessable UUID handed to whoever submitted it, as for /requests/<id>.json, which the
-submit page polls. /metrics is open like any Prometheus target and holds only
-aggregates; put it behind the proxy's auth if that matters.
+session cookie, so it needs a login. /requests/<id> shows a request only to its owner
+and staff (batching_site/web/access.py); anybody else gets 404. /metrics holds only
+aggregates, for staff: a browser session, or Prometheus with a staff user's API token
+(`authorization: {type: Bearer, credentials: bt_...}` in its scrape config).
 """
 
 from __future__ import annotations
@@ -15,14 +15,17 @@ import logging
 import redis
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from tasks import metrics
+from tasks.models import ApiToken
 from tasks.protocol.names import PRIORITIES
 
 from ..reporting import prometheus, timeline
+from . import access
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,11 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
+    if not request.user.is_authenticated and not settings.BATCHING_OPEN_DEMO:
+        return redirect_to_login(request.get_full_path())
     try:
+        if not access.may_read(request, request.user, str(request_id)):
+            raise Http404("no such request of yours")
         info = timeline.read(str(request_id))
     except redis.RedisError:
         log.warning("request page: Redis unreachable", exc_info=True)
@@ -64,8 +71,22 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
 
 @require_GET
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    if not user.is_authenticated:
+        user = ApiToken.objects.user_for(_bearer(request))
+    if user is None:
+        return HttpResponse(
+            "# log in as staff, or send a staff user's API token\n", status=401, content_type="text/plain"
+        )
+    if not access.is_staff(user):
+        return HttpResponse("# staff only\n", status=403, content_type="text/plain")
     try:
         snap = metrics.read(series=False)
     except redis.RedisError as exc:
         return HttpResponse(f"# broker unreachable: {exc}\n", status=503, content_type=prometheus.CONTENT_TYPE)
     return HttpResponse(prometheus.render(snap), content_type=prometheus.CONTENT_TYPE)
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None

@@ -12,6 +12,8 @@ from kombu.exceptions import OperationalError
 
 from tasks.core.errors import Overloaded, RequestTooLarge
 
+from .access import NotLoggedIn
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -30,6 +32,8 @@ def refusal(exc: BaseException, *, invalid_status: int = 422) -> Refusal | None:
     """The HTTP answer to an exception from `submit_many`, or None if it is a bug.
     `invalid_status` is what a value the edge refused gets: 422 from the API, whose
     schema has already checked the types; 400 from the form, which has no schema."""
+    if isinstance(exc, NotLoggedIn):
+        return Refusal(401, str(exc))
     if isinstance(exc, Overloaded):
         return Refusal(429, str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
     if isinstance(exc, RequestTooLarge):

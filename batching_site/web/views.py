@@ -4,27 +4,43 @@ from __future__ import annotations
 
 import json
 
+import redis
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from tasks.edge.client import submit
 from tasks.models import BatchingPolicy
 from tasks.protocol.app import get_app
 from tasks.protocol.names import PRIORITIES
 from tasks.store import clock, redis_memory, shared_state
 
+from . import access
 from .errors import refusal
 
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
+    """The submit page: for logged-in users, or anyone when BATCHING_OPEN_DEMO is on."""
+    if not access.may_submit(request.user):
+        return redirect_to_login(request.get_full_path())
     return render(request, "index.html", {"priorities": PRIORITIES})
+
+
+def _refused(exc: Exception) -> JsonResponse:
+    answer = refusal(exc, invalid_status=400)
+    if answer is None:
+        raise exc
+    return answer.onto(JsonResponse({"detail": answer.detail}, status=answer.status))  # type: ignore[return-value]
 
 
 @require_POST
 def submit_form(request: HttpRequest) -> JsonResponse:
-    """Accept one text from the page; answer 202 with its id, or a 4xx with the reason."""
+    """Accept one text from the page; answer 202 with its id, or a 4xx with the reason.
+    The same submit path and error map as the API (access.submit_texts, errors.refusal)."""
+    if not access.may_submit(request.user):
+        return _refused(access.NotLoggedIn("log in to submit: /admin/login/?next=/"))
     try:
         data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -32,17 +48,25 @@ def submit_form(request: HttpRequest) -> JsonResponse:
     if not hasattr(data, "get"):
         return JsonResponse({"detail": 'body must be a JSON object: {"text": "...", "priority": "normal"}'}, status=400)
     try:
-        result = submit(data.get("text"), priority=data.get("priority") or "normal")
-    except Exception as exc:
-        answer = refusal(exc, invalid_status=400)
-        if answer is None:
-            raise
-        return answer.onto(JsonResponse({"detail": answer.detail}, status=answer.status))
-    return JsonResponse({"id": result.id, "status": "PENDING"}, status=202)
+        (task_id,) = access.submit_texts(
+            request, request.user, [data.get("text")], priority=data.get("priority") or "normal"
+        )
+    except Exception as exc:  # noqa: BLE001 - errors.refusal decides; a bug re-raises
+        return _refused(exc)
+    return JsonResponse({"id": task_id, "status": "PENDING"}, status=202)
 
 
 @require_GET
 def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
+    """The page's poll: the owner's (or staff's) request; 404 for anybody else."""
+    if not request.user.is_authenticated and not settings.BATCHING_OPEN_DEMO:
+        return JsonResponse({"detail": "log in to read requests"}, status=401)
+    try:
+        allowed = access.may_read(request, request.user, str(request_id))
+    except redis.RedisError:
+        return JsonResponse({"detail": "the result store is unreachable; try again shortly"}, status=503)
+    if not allowed:
+        return JsonResponse({"detail": "no such request of yours"}, status=404)
     meta = get_app().backend.get_task_meta(str(request_id))
     body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": meta.get("batching") or {}}
     if meta["status"] == "SUCCESS":

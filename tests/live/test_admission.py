@@ -44,7 +44,7 @@ def waiting(redis_client: Any) -> list[int]:
 # --- admission --------------------------------------------------------------------------
 
 
-def test_full_queue_raises_overloaded_and_enqueues_nothing(redis_client: Any, client: Any) -> None:
+def test_full_queue_raises_overloaded_and_enqueues_nothing(redis_client: Any, admin_client: Any) -> None:
     # A long max wait keeps accepted requests waiting in the collector: the low queue
     # fills and does not drain until the policy changes back.
     caps = {"high": 2000, "normal": 2000, "low": 3}
@@ -69,7 +69,7 @@ def test_full_queue_raises_overloaded_and_enqueues_nothing(redis_client: Any, cl
     with pytest.raises(Overloaded):
         submit("one more", priority="low", model="synthetic")
 
-    response = client.post("/submit", {"text": "one more", "priority": "low"}, content_type="application/json")
+    response = admin_client.post("/submit", {"text": "one more", "priority": "low"}, content_type="application/json")
     assert response.status_code == 429
     assert int(response["Retry-After"]) >= 1
     assert "requests.low" in response.json()["detail"]
@@ -212,9 +212,9 @@ def test_request_not_dispatched_by_its_deadline_fails_and_never_runs() -> None:
 # --- HTTP ------------------------------------------------------------------------------------
 
 
-def test_http_submit_answers_202_413_and_400(client: Any) -> None:
+def test_http_submit_answers_202_413_and_400(admin_client: Any) -> None:
     def post(body: Any, content_type: str = "application/json") -> Any:
-        return client.post("/submit", body, content_type=content_type)
+        return admin_client.post("/submit", body, content_type=content_type)
 
     ok = post({"text": "an http request", "priority": "high"})
     assert ok.status_code == 202

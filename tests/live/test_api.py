@@ -147,10 +147,13 @@ def test_bad_ids_are_422(api: Client) -> None:
     assert api.get(f"{API}/stats?since=yesterday").status_code == 422
 
 
-def test_a_full_queue_is_429_with_retry_after(api: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+def test_a_full_queue_is_429_with_retry_after(api: Client, user, bare_redis) -> None:  # type: ignore[no-untyped-def]
     from tasks.edge import client
+    from tasks.models import ClientQuota
     from tasks.store import shared_state
 
+    # One client may fill a whole tier only if its quota says so (tests/live/test_quotas.py).
+    ClientQuota.objects.create(user=user, tier_share=1.0)
     shared_state.publish_policy(BatchPolicy(queue_caps={"high": 100, "normal": 100, "low": 3}))
     client._policy._read_at = float("-inf")
     assert post(api, {"texts": ["a", "b", "c"], "priority": "low", "model": "synthetic"}).status_code == 202
@@ -219,6 +222,12 @@ def test_submit_many_and_read_each_result_with_its_timeline(live_system, api: Cl
 
 
 @pytest.mark.live
-def test_a_pending_request_reads_as_pending(live_system, api: Client) -> None:  # type: ignore[no-untyped-def]
-    body = api.get(f"{API}/requests/{uuid.uuid4()}").json()
+def test_a_pending_request_reads_as_pending(live_system, api: Client, user) -> None:  # type: ignore[no-untyped-def]
+    from tasks.protocol.names import owner_key
+    from tasks.store import shared_state
+
+    # A request of this user's that no device has answered yet (as admission records it).
+    request_id = str(uuid.uuid4())
+    shared_state.client().set(owner_key(request_id), f"normal|user:{user.pk}", ex=60)
+    body = api.get(f"{API}/requests/{request_id}").json()
     assert body["status"] == "PENDING" and body["timeline"][-1]["event"] == "pending"

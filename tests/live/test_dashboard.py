@@ -49,8 +49,8 @@ def test_dashboard_links_flower_from_settings_and_loads_nothing_from_outside(cli
 # --- /requests/<id> --------------------------------------------------------------------------
 
 
-def test_a_request_page_while_pending_refreshes_itself(client: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
-    page = client.get(f"/requests/{uuid.uuid4()}")
+def test_a_request_page_while_pending_refreshes_itself(admin_client: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+    page = admin_client.get(f"/requests/{uuid.uuid4()}")
     assert page.status_code == 200
     html = page.content.decode()
     assert "PENDING" in html and 'http-equiv="refresh"' in html
@@ -67,32 +67,32 @@ def test_timeline_of_an_expired_request() -> None:
 
 
 @pytest.mark.live
-def test_request_pages_show_timeline_result_and_error(client: Client, live_system) -> None:  # type: ignore[no-untyped-def]
+def test_request_pages_show_timeline_result_and_error(admin_client: Client, live_system) -> None:  # type: ignore[no-untyped-def]
     ok = submit("a request worth a page", priority="low", model="synthetic")
     bad = submit("this input is poison !fail", model="synthetic")
     ok.get(timeout=60)
     wait_ready(bad)
 
-    html = client.get(f"/requests/{ok.id}").content.decode()
+    html = admin_client.get(f"/requests/{ok.id}").content.decode()
     for event in ("submitted", "dispatched", "started", "finished"):
         assert f'data-event="{event}"' in html
     assert 'id="result"' in html and "floats" in html and "http-equiv" not in html
     details = ok.backend.get_task_meta(ok.id)["batching"]
     assert details["batch_id"] in html and details["device"] in html
 
-    html = client.get(f"/requests/{bad.id}").content.decode()
+    html = admin_client.get(f"/requests/{bad.id}").content.decode()
     assert 'id="error"' in html and "PoisonInput" in html and 'data-event="finished"' in html
 
     # The JSON view the submit page polls still answers as before.
-    body = client.get(f"/requests/{ok.id}.json").json()
+    body = admin_client.get(f"/requests/{ok.id}.json").json()
     assert body["status"] == "SUCCESS" and body["details"]["priority"] == "low"
 
 
 # --- /metrics -------------------------------------------------------------------------------------
 
 
-def test_metrics_is_prometheus_text_without_global_registry_state(client: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
-    first = client.get("/metrics")
+def test_metrics_is_prometheus_text_without_global_registry_state(admin_client: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+    first = admin_client.get("/metrics")
     assert first.status_code == 200 and first["Content-Type"].startswith("text/plain; version=0.0.4")
     names = {f.name for f in text_string_to_metric_families(first.content.decode())}
     assert {
@@ -114,10 +114,10 @@ def test_metrics_is_prometheus_text_without_global_registry_state(client: Client
         return [line for line in text.decode().splitlines() if not line.startswith("batching_redis_used_memory_bytes ")]
 
     # Built per scrape from Redis: a second scrape is the same text, not a re-registration error.
-    assert steady(client.get("/metrics").content) == steady(first.content)
+    assert steady(admin_client.get("/metrics").content) == steady(first.content)
 
 
-def test_metrics_says_503_when_the_broker_is_down(client: Client) -> None:
+def test_metrics_says_503_when_the_broker_is_down(admin_client: Client) -> None:
     from django.conf import settings
 
     from batching_site.harness import free_port
@@ -126,7 +126,7 @@ def test_metrics_says_503_when_the_broker_is_down(client: Client) -> None:
     previous = settings.REDIS_URL
     connect(f"redis://127.0.0.1:{free_port()}/0")
     try:
-        assert client.get("/metrics").status_code == 503
-        assert client.get(f"/requests/{uuid.uuid4()}").status_code == 503
+        assert admin_client.get("/metrics").status_code == 503
+        assert admin_client.get(f"/requests/{uuid.uuid4()}").status_code == 503
     finally:
         connect(previous)

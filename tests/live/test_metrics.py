@@ -127,27 +127,27 @@ def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[n
 
 
 @pytest.mark.django_db
-def test_redis_memory_on_metrics_and_healthz(client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+def test_redis_memory_on_metrics_and_healthz(admin_client, bare_redis) -> None:  # type: ignore[no-untyped-def]
     from tasks.store import shared_state
 
     r = shared_state.client()
     r.config_set("maxmemory", 0)  # no limit, as under `make run`
-    fams = families(client.get("/metrics").content)
+    fams = families(admin_client.get("/metrics").content)
     used = sample_value(fams, "batching_redis_used_memory_bytes")
     assert used > 0 and sample_value(fams, "batching_redis_maxmemory_bytes") == 0
-    health = client.get("/healthz").json()
+    health = admin_client.get("/healthz").json()
     assert health["redis_memory"]["state"] == "unlimited" and "warnings" not in health
 
     r.config_set("maxmemory", int(used * 2))
-    fams = families(client.get("/metrics").content)
+    fams = families(admin_client.get("/metrics").content)
     assert sample_value(fams, "batching_redis_maxmemory_bytes") == int(used * 2)
-    health = client.get("/healthz").json()
+    health = admin_client.get("/healthz").json()
     assert health["redis_memory"]["state"] == "ok" and 0 < health["redis_memory"]["fraction"] < 0.9
 
     # Nearly full: /healthz says so, and its status still depends only on what is
     # missing (no collector or device here: 503 with or without the warning).
     r.config_set("maxmemory", int(used / 0.95))
-    response = client.get("/healthz")
+    response = admin_client.get("/healthz")
     health = response.json()
     assert health["redis_memory"]["state"] == "warning" and health["redis_memory"]["fraction"] >= 0.9
     assert health["warnings"] == ["redis_memory"]
@@ -229,7 +229,7 @@ def test_stats_without_a_collector_say_so_and_do_not_crash() -> None:
 
 @pytest.mark.live
 @pytest.mark.django_db
-def test_metrics_show_depth_per_priority_under_load_then_completions(live_system, client) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_show_depth_per_priority_under_load_then_completions(live_system, admin_client) -> None:  # type: ignore[no-untyped-def]
     from tasks.edge.client import submit_many
 
     before = metrics.read()
@@ -251,7 +251,7 @@ def test_metrics_show_depth_per_priority_under_load_then_completions(live_system
     seen = {"high": 0.0, "low": 0.0}
     deadline = time.monotonic() + 60
     while not all(seen.values()):
-        fams = families(client.get("/metrics").content)
+        fams = families(admin_client.get("/metrics").content)
         for p in seen:
             waiting = sum(
                 sample_value(fams, "batching_queue_depth", priority=p, where=w) for w in ("broker", "collector")
@@ -282,7 +282,7 @@ def test_metrics_show_depth_per_priority_under_load_then_completions(live_system
         assert gained >= 300
     assert sum(h.count for h in after.runs.values()) > sum(h.count for h in before.runs.values())
 
-    fams = families(client.get("/metrics").content)
+    fams = families(admin_client.get("/metrics").content)
     assert sample_value(fams, "batching_collector_up") == 1
     assert sum(s.value for s in fams["batching_device_up"].samples) >= 2  # type: ignore[attr-defined]
     assert sample_value(fams, "batching_requests", "_total", priority="low", outcome="completed") >= 300

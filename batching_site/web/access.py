@@ -1,0 +1,106 @@
+"""Who may submit, who may read what, and what each may spend: every owner rule of the
+web in one place. docs/security.md has the table of every URL and its rule, and
+tests/live/test_authorization.py walks it.
+
+- A logged-in user (by session or API token) owns what they submit: "user:<pk>". Only
+  they and staff read it. Their quota is theirs (ClientQuota in the admin, else
+  DEFAULT_QUOTA).
+- Visitors who are not logged in may submit only when BATCHING_OPEN_DEMO is on. They
+  all spend one shared quota (ANONYMOUS_QUOTA), as owner "anon", and each reads only
+  the requests its own browser session submitted.
+- A request nobody may read is answered 404, exactly like an id that never existed, so
+  nobody learns which ids are real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from tasks.core.quota import Quota
+from tasks.edge.client import submit_many
+from tasks.store import owners, shared_state
+
+#: The owner of every anonymous demo request.
+ANONYMOUS = "anon"
+#: Most request ids an anonymous session remembers as its own.
+SESSION_IDS_KEPT = 200
+_SESSION_KEY = "batching_request_ids"
+
+
+def owner_name(user: Any) -> str:
+    return f"user:{user.pk}"
+
+
+def may_submit(user: Any) -> bool:
+    return bool(user and user.is_authenticated and user.is_active) or settings.BATCHING_OPEN_DEMO
+
+
+def spender(user: Any) -> tuple[str, Quota]:
+    """(owner, quota) for a caller who may submit."""
+    if user and user.is_authenticated:
+        from tasks.models import ClientQuota
+
+        return owner_name(user), ClientQuota.objects.quota_for(user)
+    return ANONYMOUS, Quota.from_mapping(settings.ANONYMOUS_QUOTA)
+
+
+def remember(request: HttpRequest, user: Any, task_ids: Sequence[str]) -> None:
+    """An anonymous session's requests, so it (and only it) can read them back."""
+    if user and user.is_authenticated:
+        return
+    kept = list(request.session.get(_SESSION_KEY, []))
+    kept.extend(task_ids)
+    request.session[_SESSION_KEY] = kept[-SESSION_IDS_KEPT:]
+
+
+def readable(request: HttpRequest, user: Any, task_ids: Iterable[str]) -> set[str]:
+    """The ids among these that `user` (from this request's session) may read."""
+    ids = list(task_ids)
+    if not ids:
+        return set()
+    if user and user.is_authenticated and user.is_active and user.is_staff:
+        return set(ids)
+    if user and user.is_authenticated and user.is_active:
+        me = owner_name(user)
+        return {t for t, o in owners.owners_of(shared_state.client(), ids).items() if o == me}
+    if not settings.BATCHING_OPEN_DEMO:
+        return set()
+    mine = set(request.session.get(_SESSION_KEY, []))
+    candidates = [t for t in ids if t in mine]
+    return {t for t, o in owners.owners_of(shared_state.client(), candidates).items() if o == ANONYMOUS}
+
+
+def may_read(request: HttpRequest, user: Any, task_id: str) -> bool:
+    return task_id in readable(request, user, [task_id])
+
+
+def is_staff(user: Any) -> bool:
+    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+
+
+def submit_texts(
+    request: HttpRequest,
+    user: Any,
+    texts: Sequence[object],
+    *,
+    priority: object = "normal",
+    model: str | None = None,
+    deadline_s: float | None = None,
+) -> list[str]:
+    """The one submit path of the web: the form and the API both come here. Returns the
+    new ids in order, or raises what batching_site/web/errors.py maps to HTTP."""
+    if not may_submit(user):
+        raise NotLoggedIn("log in to submit: /admin/login/?next=/ (or send an API token)")
+    owner, quota = spender(user)
+    results = submit_many(texts, priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)  # type: ignore[arg-type]
+    ids = [r.id for r in results]
+    remember(request, user, ids)
+    return ids
+
+
+class NotLoggedIn(Exception):
+    """Submitting needs a login here (BATCHING_OPEN_DEMO is off)."""
