@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 
-from tasks.core.quota import Quota
+from tasks.core.quota import Quota, RefusalMemory
 from tasks.edge.client import submit_many
 from tasks.store import owners, shared_state
 
@@ -72,6 +72,16 @@ def readable(request: HttpRequest, user: Any, task_ids: Iterable[str]) -> set[st
     mine = set(request.session.get(_SESSION_KEY, []))
     candidates = [t for t in ids if t in mine]
     return {t for t, o in owners.owners_of(shared_state.client(), candidates).items() if o == ANONYMOUS}
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    """The raw token of an `Authorization: Bearer ...` header, or None."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+#: Tokens just refused for their rate, and until when (tasks/core/quota.py).
+rate_refusals = RefusalMemory()
 
 
 def may_read(request: HttpRequest, user: Any, task_id: str) -> bool:

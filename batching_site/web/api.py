@@ -33,7 +33,7 @@ from ninja.utils import check_csrf
 from pydantic import field_validator, model_validator
 
 from tasks import metrics
-from tasks.core.errors import Overloaded
+from tasks.core.errors import Overloaded, QuotaExceeded
 from tasks.models import ApiToken
 from tasks.protocol.names import PRIORITIES
 from tasks.store import owners, shared_state
@@ -50,6 +50,13 @@ MAX_TEXTS = 256
 
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
+        # A token refused for its rate a moment ago is refused again at once: no token
+        # lookup, no Redis (access.rate_refusals). Only submitting spends the rate.
+        if request.method == "POST":
+            hit = access.rate_refusals.recall(token)
+            if hit is not None:
+                exc, left = hit
+                raise QuotaExceeded(exc.owner, exc.limit, exc.tier, left)
         return ApiToken.objects.user_for(token)
 
 
@@ -176,6 +183,11 @@ def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
         answer = refusal(exc)
         assert answer is not None
         raise HttpError(answer.status, answer.detail) from exc
+    except QuotaExceeded as exc:
+        token = access.bearer_token(request)
+        if exc.limit == "rate" and token:
+            access.rate_refusals.remember(token, exc.retry_after, exc)
+        raise
     return Status(202, {"ids": ids, "status": "PENDING"})
 
 

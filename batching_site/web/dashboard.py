@@ -73,7 +73,7 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     user = request.user
     if not user.is_authenticated:
-        user = ApiToken.objects.user_for(_bearer(request))
+        user = ApiToken.objects.user_for(access.bearer_token(request))
     if user is None:
         return HttpResponse(
             "# log in as staff, or send a staff user's API token\n", status=401, content_type="text/plain"
@@ -85,8 +85,3 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     except redis.RedisError as exc:
         return HttpResponse(f"# broker unreachable: {exc}\n", status=503, content_type=prometheus.CONTENT_TYPE)
     return HttpResponse(prometheus.render(snap), content_type=prometheus.CONTENT_TYPE)
-
-
-def _bearer(request: HttpRequest) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None

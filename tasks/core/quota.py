@@ -14,6 +14,9 @@ between a check and a push. Three limits, each answered with 429 and Retry-After
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -59,3 +62,39 @@ class Quota:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class RefusalMemory:
+    """Who was just refused for their rate, and until when, in one web process.
+
+    The rate bucket cannot refill before the `retry_after` the admission script gave,
+    so a request from the same client inside that window would be refused again:
+    answering it from here saves the token lookup and the Redis round trip, which is
+    most of what a flood of refused requests costs everybody else. Written by hand
+    because it is a dict with deadlines: bounded, oldest dropped first.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, size: int = 10_000) -> None:
+        self._clock = clock
+        self._size = size
+        self._until: dict[str, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, key: str, seconds: float, value: Any) -> None:
+        with self._lock:
+            self._until.pop(key, None)
+            self._until[key] = (self._clock() + seconds, value)
+            while len(self._until) > self._size:
+                self._until.pop(next(iter(self._until)))
+
+    def recall(self, key: str) -> tuple[Any, float] | None:
+        """(what was remembered, seconds left), or None once the window has passed."""
+        with self._lock:
+            hit = self._until.get(key)
+            if hit is None:
+                return None
+            left = hit[0] - self._clock()
+            if left <= 0:
+                del self._until[key]
+                return None
+            return hit[1], left

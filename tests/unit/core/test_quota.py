@@ -35,3 +35,19 @@ def test_from_settings_casts_and_names_unknown_fields() -> None:
     assert (q.burst, q.max_in_flight) == (10, 20) and isinstance(q.burst, int)
     with pytest.raises(ValueError, match="unknown quota field"):
         Quota.from_mapping({"rate": 1})
+
+
+def test_a_refusal_is_remembered_for_its_window_only() -> None:
+    from tasks.core.quota import RefusalMemory
+
+    now = [100.0]
+    memory = RefusalMemory(clock=lambda: now[0], size=2)
+    memory.remember("a", 0.5, "rate")
+    assert memory.recall("a") == ("rate", 0.5)
+    now[0] = 100.4
+    assert memory.recall("a") == ("rate", pytest.approx(0.1))
+    now[0] = 100.5
+    assert memory.recall("a") is None and memory.recall("b") is None
+    for key in ("a", "b", "c"):
+        memory.remember(key, 1.0, key)
+    assert memory.recall("a") is None and memory.recall("c") == ("c", 1.0), "the oldest goes first"
