@@ -106,8 +106,31 @@ def proxy_command(proxy: Proxy, *, web_port: int, flower_port: int | None) -> li
     ]  # fmt: skip
 
 
-def web_command(*, port: int = 8000) -> list[str]:
-    return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+def web_command(
+    *, port: int = 8000, bind: str | None = None, workers: int | None = None, threads: int | None = None
+) -> list[str]:
+    """The web role, the same under `make run`, the tests and compose: gunicorn on
+    127.0.0.1:`port` (or `bind`). Each worker process (WEB_WORKERS) is a thin client: it
+    validates, publishes and reads results, and never runs the model. Most of a
+    request's time is spent waiting on Redis, so each serves WEB_THREADS requests at
+    once on threads (gthread); more than one process keeps one client's flood of
+    refusals from holding everybody else's requests up on a single GIL."""
+    from django.conf import settings
+
+    workers = workers or settings.WEB_WORKERS
+    threads = threads or settings.WEB_THREADS
+    return [
+        sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
+        "--bind", bind or f"127.0.0.1:{port}",
+        "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+        # A request view waits on its answer with a bounded timeout; this is the backstop.
+        "--timeout", "60", "--graceful-timeout", "30",
+        # Trusting every address's X-Forwarded-* is safe only because nothing but the
+        # front door reaches gunicorn: compose publishes no port of `web`, and locally it
+        # listens on loopback. Django itself reads only X-Forwarded-Proto, and only with
+        # DJANGO_BEHIND_TLS_PROXY=1.
+        "--access-logfile", "-", "--forwarded-allow-ips", "*",
+    ]  # fmt: skip
 
 
 def default_devices(configured: list[str]) -> list[str]:

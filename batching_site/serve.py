@@ -23,8 +23,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from django.conf import settings
-
 from . import processes
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
@@ -50,27 +48,6 @@ def placeholders(environ: Mapping[str, str]) -> list[str]:
     return [fix for name, fix in CREDENTIALS.items() if PLACEHOLDER in environ.get(name, "").lower()]
 
 
-def gunicorn_command(
-    *, bind: str = "0.0.0.0:8000", workers: int | None = None, threads: int | None = None
-) -> list[str]:
-    """The web role. Each gunicorn worker (WEB_WORKERS of them) is a thin client: it
-    validates, publishes and reads results, and never runs the model. Most of a
-    request's time is spent waiting on Redis, so each worker serves WEB_THREADS requests
-    at once on threads (gthread) instead of one."""
-    workers = workers or settings.WEB_WORKERS
-    threads = threads or settings.WEB_THREADS
-    return [
-        sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
-        "--bind", bind, "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
-        # A request view waits on its answer with a bounded timeout; this is the backstop.
-        "--timeout", "60", "--graceful-timeout", "30",
-        # Trusting every address's X-Forwarded-* is safe only because nothing but the
-        # front door reaches gunicorn: compose publishes no port of `web`. Django itself
-        # reads only X-Forwarded-Proto, and only with DJANGO_BEHIND_TLS_PROXY=1.
-        "--access-logfile", "-", "--forwarded-allow-ips", "*",
-    ]  # fmt: skip
-
-
 def command(argv: Sequence[str]) -> list[str]:
     """The command line for a role, as `main` would exec it."""
     parser = argparse.ArgumentParser(prog="python -m batching_site.serve", description=__doc__)
@@ -94,7 +71,7 @@ def command(argv: Sequence[str]) -> list[str]:
     if args.role == "migrate":
         return [sys.executable, "manage.py", "migrate", "--no-input"]
     if args.role == "web":
-        return gunicorn_command(bind=args.bind)
+        return processes.web_command(bind=args.bind)
     if args.role == "collector":
         return processes.collector_command()
     if args.role == "device":

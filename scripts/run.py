@@ -97,7 +97,7 @@ def main() -> None:
     user = (os.environ.get("FLOWER_BASIC_AUTH") or ":").split(":")[0]
     print(
         "\n"
-        f"  web UI      http://127.0.0.1:8000/\n"
+        f"  web UI      http://127.0.0.1:8000/   (log in first; BATCHING_OPEN_DEMO=1 make run opens it to visitors)\n"
         f"  health      http://127.0.0.1:8000/healthz\n"
         f"  admin       http://127.0.0.1:8000/admin/   (create a login: .venv/bin/python manage.py createsuperuser)\n"
         f"  Flower      http://127.0.0.1:5555/         (user {user!r}, password in .env)\n"

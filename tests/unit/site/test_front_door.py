@@ -88,7 +88,7 @@ def test_the_caddyfile_adapts(where: object, tmp_path: Path) -> None:
 
 
 def test_the_web_role_runs_threaded_workers() -> None:
-    cmd = serve.gunicorn_command(workers=3, threads=5)
+    cmd = processes.web_command(workers=3, threads=5)
     assert cmd[cmd.index("--workers") + 1] == "3"
     assert cmd[cmd.index("--worker-class") + 1] == "gthread"
     assert cmd[cmd.index("--threads") + 1] == "5"
