@@ -102,3 +102,21 @@ def test_hypothesis_bodies_never_get_a_500(bare_redis, token: str, body: bytes, 
     response = api.post("/api/v1/requests", data=body, content_type=content_type)
     assert response.status_code in ALLOWED, (response.status_code, body, response.content[:300])
     assert "detail" in response.json() or response.status_code == 202
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    body=st.binary(max_size=300)
+    | request_like.map(lambda d: json.dumps(d, allow_nan=True).encode())
+    | json_values.map(lambda v: json.dumps(v, allow_nan=True).encode())
+    | st.integers(min_value=1, max_value=200_000).map(lambda n: b"[" * n + b"]" * n),
+    content_type=st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded", ""]),
+)
+def test_the_form_path_never_gets_a_500_either(bare_redis, django_user_model, body: bytes, content_type: str) -> None:  # type: ignore[no-untyped-def]
+    # The page's /submit: the same submit path and error map as the API, a session user.
+    user, _ = django_user_model.objects.get_or_create(username="form-fuzz")
+    page = Client()
+    page.force_login(user)
+    response = page.post("/submit", data=body, content_type=content_type)
+    assert response.status_code in ALLOWED, (response.status_code, body[:80], response.content[:300])
+    assert "detail" in response.json() or response.status_code == 202
