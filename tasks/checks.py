@@ -32,3 +32,25 @@ def demo_quota(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
             )
         ]
     return []
+
+
+@checks.register()
+def quotas_valid(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from .core.quota import Quota
+
+    errors = []
+    for setting, variable in (
+        ("DEFAULT_QUOTA", "BATCHING_DEFAULT_QUOTA"),
+        ("ANONYMOUS_QUOTA", "BATCHING_ANONYMOUS_QUOTA"),
+    ):
+        try:
+            Quota.from_mapping(dict(getattr(settings, setting)))
+        except (TypeError, ValueError) as exc:
+            errors.append(
+                checks.Error(
+                    f"{variable} is not a valid quota: {exc}",
+                    hint='e.g. "rate_per_s=50,burst=200,max_in_flight=500,tier_share=0.5"',
+                    id="batching.E001",
+                )
+            )
+    return errors

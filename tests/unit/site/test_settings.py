@@ -98,3 +98,17 @@ def test_no_secret_has_a_default() -> None:
     # Without DJANGO_SECRET_KEY every process makes up its own key: none is shipped.
     first, second = (settings_in(env, "SECRET_KEY")["SECRET_KEY"] for _ in range(2))
     assert first != second and len(str(first)) >= 50
+
+
+def test_a_bad_quota_setting_stops_manage_py_naming_it() -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=production_env(BATCHING_DEFAULT_QUOTA="rate=5"),
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        result.returncode != 0
+        and "BATCHING_DEFAULT_QUOTA is not a valid quota: unknown quota field(s) rate" in result.stderr
+    )
