@@ -280,6 +280,19 @@ warnings.filterwarnings("ignore", message="No directory at")
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1_048_576)
 #: The dashboard sends people without a session here.
 LOGIN_URL = "/admin/login/"
+#: Passwords set through createsuperuser, changepassword or the admin's forms must pass
+#: these: not like the username or email, at least 10 characters, not a common password,
+#: not all digits.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+#: Days an API token from `manage.py create_api_token` works unless --expires-days says
+#: otherwise; 0: tokens never expire. `manage.py api_tokens list` shows each one's expiry.
+API_TOKEN_DEFAULT_EXPIRY_DAYS = env.int("API_TOKEN_DEFAULT_EXPIRY_DAYS", default=90)
+_check(API_TOKEN_DEFAULT_EXPIRY_DAYS >= 0, "API_TOKEN_DEFAULT_EXPIRY_DAYS", API_TOKEN_DEFAULT_EXPIRY_DAYS, "0 or more")
 
 #: Where the dashboard links to Flower (`make run` starts it there, with basic auth).
 FLOWER_URL = env("FLOWER_URL", default="http://127.0.0.1:5555/")

@@ -11,13 +11,14 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .core.policy import PRIORITIES
-from .models import BatchingPolicy, ClientQuota, PolicyChange
+from .models import API_TOKEN_STATES, ApiToken, BatchingPolicy, ClientQuota, PolicyChange
 
 #: How many recent changes the policy page lists; the rest are in the history.
 RECENT_CHANGES = 5
@@ -107,3 +108,53 @@ class PolicyChangeAdmin(admin.ModelAdmin):
     @admin.display(description="policy")
     def policy_json(self, obj: PolicyChange) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(obj.policy, indent=2, sort_keys=True))
+
+
+class ApiTokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state, state) for state in API_TOKEN_STATES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> QuerySet[ApiToken]:
+        value = self.value()
+        if value in API_TOKEN_STATES:
+            return getattr(queryset, value)()
+        return queryset
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued with `manage.py create_api_token USERNAME`, which shows the raw
+    token once, so there is no "add" here. Rename a token, change its expiry, or revoke
+    it; `manage.py api_tokens` does the same from a shell."""
+
+    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "expires_at", "state")
+    list_filter = (ApiTokenStateFilter, "last_used_at", "expires_at")
+    list_select_related = ("user",)
+    search_fields = ("prefix", "user__username", "name")
+    date_hierarchy = "created_at"
+    # key_hash is left out: nobody needs to read it, and a credential's hash has no place on a screen.
+    fields = ("prefix", "user", "name", "state", "created_at", "last_used_at", "expires_at", "revoked_at")
+    readonly_fields = ("prefix", "user", "state", "created_at", "last_used_at", "revoked_at")
+    actions = ("revoke_tokens",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # The class docstring, where operators look: the changelist has no add button.
+        help_text = " ".join((self.__doc__ or "").split())
+        return super().changelist_view(request, {"subtitle": help_text, **(extra_context or {})})
+
+    @admin.display(description="state")
+    def state(self, obj: ApiToken) -> str:
+        return obj.state
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        selected = queryset.count()
+        revoked = queryset.revoke()
+        already = f"; {selected - revoked} were revoked already" if selected > revoked else ""
+        self.message_user(request, f"Revoked {revoked} token{'s' if revoked != 1 else ''}{already}.", messages.SUCCESS)

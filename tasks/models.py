@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -407,6 +408,13 @@ class ClientQuota(models.Model):
 #: Every token starts with this, so a leaked one is easy to recognise (and to grep for).
 API_TOKEN_PREFIX = "bt_"
 
+#: A token's last_used_at is written at most this often: a script calling in a loop
+#: costs one UPDATE a minute, not one per request.
+API_TOKEN_TOUCH_EVERY = timedelta(minutes=1)
+
+#: What `ApiToken.state` can be, in the order the admin filter lists them.
+API_TOKEN_STATES = ("active", "expired", "revoked")
+
 
 def hash_api_token(raw: str) -> str:
     """SHA-256 of the token. Enough for 256 random bits: there is nothing to brute-force,
@@ -416,29 +424,73 @@ def hash_api_token(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class ApiTokenManager(models.Manager["ApiToken"]):
-    def issue(self, user: Any, *, name: str = "") -> tuple[ApiToken, str]:
+class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+    def active(self, now: datetime | None = None) -> ApiTokenQuerySet:
+        """Tokens that work: not revoked, and not expired at `now`."""
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+    def expired(self, now: datetime | None = None) -> ApiTokenQuerySet:
+        """Tokens past their expiry that nobody revoked (revoked wins, as in `state`)."""
+        return self.filter(revoked_at__isnull=True, expires_at__lte=now or timezone.now())
+
+    def revoked(self) -> ApiTokenQuerySet:
+        return self.filter(revoked_at__isnull=False)
+
+    def revoke(self, now: datetime | None = None) -> int:
+        """Revoke every token here that is not revoked yet; how many that was. A token
+        revoked before keeps its first revoked_at, so revoking twice changes nothing."""
+        return self.filter(revoked_at__isnull=True).update(revoked_at=now or timezone.now())
+
+
+class ApiTokenManager(models.Manager.from_queryset(ApiTokenQuerySet)):  # type: ignore[misc]
+    def issue(
+        self, user: Any, *, name: str = "", expires_in: timedelta | None = None, now: datetime | None = None
+    ) -> tuple[ApiToken, str]:
         """A new token for `user`: the row, and the raw token, which is shown once and
-        never stored."""
+        never stored. It stops working `expires_in` after `now`; None: never."""
         import secrets
 
+        if expires_in is not None and expires_in <= timedelta(0):
+            raise ValueError(f"expires_in must be positive or None, got {expires_in!r}")
+        now = now or timezone.now()
         raw = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
-        token = self.create(user=user, name=name, prefix=raw[: len(API_TOKEN_PREFIX) + 6], key_hash=hash_api_token(raw))
+        token = self.create(
+            user=user,
+            name=name,
+            prefix=raw[: len(API_TOKEN_PREFIX) + 6],
+            key_hash=hash_api_token(raw),
+            created_at=now,
+            expires_at=None if expires_in is None else now + expires_in,
+        )
         return token, raw
 
-    def user_for(self, raw: str | None) -> Any:
-        """The active user a raw token belongs to, or None. One indexed read, no write."""
+    def user_for(self, raw: str | None, *, now: datetime | None = None) -> Any:
+        """The active user a working raw token belongs to, or None (unknown, revoked or
+        expired token, inactive user). One indexed read, and at most one write a minute
+        per token, to record when it was last used."""
         if not raw or not raw.startswith(API_TOKEN_PREFIX) or len(raw) > 128:
             return None
-        token = self.select_related("user").filter(key_hash=hash_api_token(raw), revoked_at__isnull=True).first()
+        now = now or timezone.now()
+        token = self.select_related("user").active(now).filter(key_hash=hash_api_token(raw)).first()
         if token is None or not token.user.is_active:
             return None
+        cutoff = now - API_TOKEN_TOUCH_EVERY
+        if token.last_used_at is None or token.last_used_at < cutoff:
+            # Conditional, so that of the web processes that all read a stale
+            # last_used_at in the same instant, one writes and the rest match no row.
+            self.filter(pk=token.pk).filter(
+                models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=cutoff)
+            ).update(last_used_at=now)
         return token.user
 
 
 class ApiToken(models.Model):
     """A bearer token for scripts calling /api/v1/ (`Authorization: Bearer bt_...`).
-    Create one with `manage.py create_api_token USERNAME`; only its hash is stored."""
+    Create one with `manage.py create_api_token USERNAME`; only its hash is stored.
+    List and revoke them with `manage.py api_tokens`, or in the admin."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -455,6 +507,18 @@ class ApiToken(models.Model):
         "key hash", max_length=64, unique=True, editable=False, help_text="SHA-256 of the token, hex."
     )
     created_at = models.DateTimeField("created at", default=timezone.now, help_text="When the token was issued.")
+    expires_at = models.DateTimeField(
+        "expires at",
+        null=True,
+        blank=True,
+        help_text="The token stops working at this time. Empty: it never expires.",
+    )
+    last_used_at = models.DateTimeField(
+        "last used at",
+        null=True,
+        blank=True,
+        help_text="When a request last came with this token, to within a minute. Empty: never used.",
+    )
     revoked_at = models.DateTimeField(
         "revoked at", null=True, blank=True, help_text="Set to revoke the token; it stops working at once."
     )
@@ -468,3 +532,22 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'}) for {self.user}"
+
+    def state_at(self, now: datetime) -> str:
+        """The token's state at `now`: one of API_TOKEN_STATES; revoked wins over expired."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
+
+    @property
+    def state(self) -> str:
+        return self.state_at(timezone.now())
+
+    def revoke(self, now: datetime | None = None) -> bool:
+        """Stop the token working. True if this call revoked it, False if it already was
+        (its revoked_at then stays as it was)."""
+        revoked = ApiToken.objects.filter(pk=self.pk).revoke(now) == 1
+        self.revoked_at = ApiToken.objects.values_list("revoked_at", flat=True).get(pk=self.pk)
+        return revoked
