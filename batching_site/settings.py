@@ -154,7 +154,12 @@ BATCHING_CELERY_APP = env("BATCHING_CELERY_APP", default="batching_site.celery.a
 #: Devices that `make run` starts one worker for: "cuda:0,cuda:1", or "cpu:0,cpu:1".
 #: Empty means every CUDA device, or two CPU devices when there is no CUDA.
 DEVICES = env.list("DEVICES", default=[])
-#: The model a request gets when it names none.
+#: The models this system serves: name -> {"spec": dotted path of a ModelSpec class,
+#: its options...}. From the environment as JSON, e.g.
+#: BATCHING_MODELS='{"minilm": {"spec": "gpu_workers.models.minilm.MiniLMSpec"}}'.
+#: docs/models.md lists the built-in adapters and how to write a spec.
+BATCHING_MODELS = env.json("BATCHING_MODELS", default={"minilm": {"spec": "gpu_workers.models.minilm.MiniLMSpec"}})
+#: The model a request gets when it names none; one of BATCHING_MODELS.
 DEFAULT_MODEL = env("DEFAULT_MODEL", default="minilm")
 #: The test model `synthetic` and its directives (!fail, !slow, !hang, !crash) are
 #: refused unless this is on. Tests and benchmarks turn it on; `check --deploy` warns.

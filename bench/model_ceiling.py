@@ -27,7 +27,7 @@ from pathlib import Path
 # Runnable as a plain script from anywhere.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_workers.models import MODEL_NAMES, BatchRunner, ModelSpec, get_spec
+from gpu_workers.models import BatchRunner, ModelSpec, get_spec, model_names
 
 WORDS = [
     "the",
@@ -122,7 +122,7 @@ def time_batches(runner: BatchRunner, batches: list[list[str]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=MODEL_NAMES, default="minilm")
+    parser.add_argument("--model", choices=model_names, default="minilm")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (sets TORCH_THREADS)")
     parser.add_argument("-n", type=int, default=300, help="number of texts")

@@ -43,7 +43,7 @@ from tqdm import tqdm  # noqa: E402
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
 from bench.model_ceiling import chunks, make_corpus, time_batches  # noqa: E402
-from gpu_workers.models import MODEL_NAMES, get_spec  # noqa: E402
+from gpu_workers.models import get_spec, model_names  # noqa: E402
 from tasks.core.policy import BatchPolicy  # noqa: E402
 from tasks.edge import client as client_api  # noqa: E402
 from tasks.edge.client import submit_many  # noqa: E402
@@ -151,7 +151,7 @@ def pipeline(model: str, device: str, texts: list[str], batch: int, clients: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=MODEL_NAMES, default="minilm")
+    parser.add_argument("--model", choices=model_names, default="minilm")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("-n", type=int, default=20000, help="texts")
     parser.add_argument("--batch", type=int, default=64)

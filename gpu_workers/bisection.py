@@ -71,7 +71,7 @@ class Bisector:
             # Past its limit the call is interrupted between bytecodes; still running past
             # the hard limit plus a grace, it is stuck in native code (watchdog.on_hung).
             with self.watchdog.limit(limit, hung_after=hard + settings.HANG_GRACE_S):
-                out = runner.run_batch([r["text"] for r in reqs])
+                out = runner.run_batch([r["input"] for r in reqs])
             if len(out) != len(reqs):
                 raise BatchOutputMismatch(len(reqs), len(out))
         except BatchOutputMismatch as exc:

@@ -301,7 +301,7 @@ class DeviceRunner:
         runner = self.model(model)
         outcomes, unrun = [], []
         for r in slow:
-            fp = fingerprint(model, r["text"])
+            fp = fingerprint(model, r["input"])
             shared_state.remember_slow_input(fp)
             self._emit({"kind": "slow", "fingerprint": fp})
             self.isolated += 1

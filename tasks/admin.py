@@ -31,6 +31,7 @@ class BatchingPolicyAdmin(admin.ModelAdmin):
         ("Fair shares", {"fields": (*(f"weight_{p}" for p in PRIORITIES), "aging_ms")}),
         ("Admission", {"fields": tuple(f"queue_cap_{p}" for p in PRIORITIES)}),
         ("Oversized requests and deadlines", {"fields": ("oversized", "default_deadline_s")}),
+        ("Per model", {"fields": ("per_model",)}),
         ("Version", {"fields": ("version", "updated_at", "recent_changes")}),
     )
     readonly_fields = ("version", "updated_at", "recent_changes")

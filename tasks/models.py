@@ -46,6 +46,7 @@ POLICY_FIELDS: tuple[str, ...] = (
     *(f"queue_cap_{p}" for p in PRIORITIES),
     "oversized",
     "default_deadline_s",
+    "per_model",
 )
 
 # BatchPolicy's errors start with the name of its field: "weights[low] must be ...".
@@ -190,6 +191,16 @@ class BatchingPolicy(models.Model):
             "as the backlog lasts."
         ),
     )
+    per_model = models.JSONField(
+        "per-model batch limits",
+        default=dict,
+        blank=True,
+        help_text=(
+            "A model's own batch limits over the ones above, by model name: "
+            '{"minilm": {"max_batch_size": 64, "max_batch_tokens": 16384, "max_wait_ms": 2}}. '
+            "Each of max_batch_size, max_batch_tokens and max_wait_ms is optional. A batch never mixes models."
+        ),
+    )
     version = models.PositiveIntegerField(
         "version",
         default=_DEFAULT.version,
@@ -224,6 +235,7 @@ class BatchingPolicy(models.Model):
             queue_caps={p: getattr(self, f"queue_cap_{p}") for p in PRIORITIES},
             oversized=self.oversized,
             default_deadline_s=self.default_deadline_s,
+            per_model=self.per_model or {},
             version=self.version,
         )
 
@@ -232,6 +244,7 @@ class BatchingPolicy(models.Model):
         for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "aging_ms", "oversized"):
             setattr(self, name, getattr(policy, name))
         self.default_deadline_s = policy.default_deadline_s
+        self.per_model = policy.per_model
         for p in PRIORITIES:
             setattr(self, f"weight_{p}", policy.weights[p])
             setattr(self, f"queue_cap_{p}", policy.queue_caps[p])
@@ -241,6 +254,13 @@ class BatchingPolicy(models.Model):
             self.to_policy()
         except ValueError as exc:
             raise ValidationError({_error_field(str(exc)): str(exc)}) from exc
+        from gpu_workers.models import model_names
+
+        unknown = sorted(set(self.per_model or {}) - set(model_names()))
+        if unknown:
+            raise ValidationError(
+                {"per_model": f"no model named {', '.join(unknown)}; the models are: {', '.join(model_names())}"}
+            )
 
 
 class PolicyChange(models.Model):

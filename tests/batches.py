@@ -12,7 +12,7 @@ def batch_of(texts: list[str]) -> dict[str, object]:
     requests = [
         {
             "id": str(uuid.uuid4()),
-            "text": t,
+            "input": t,
             "tokens": len(t.split()) + 2,
             "priority": "normal",
             "submitted_at": now,

@@ -18,6 +18,7 @@ or token) and by staff; batching_site/web/access.py holds every rule.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -30,8 +31,9 @@ from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
-from pydantic import field_validator, model_validator
+from pydantic import TypeAdapter, create_model, field_validator, model_validator
 
+from gpu_workers.models import get_spec, model_names
 from tasks import metrics
 from tasks.core.errors import Overloaded, QuotaExceeded
 from tasks.models import ApiToken
@@ -98,11 +100,18 @@ def _utf8(text: str) -> str:
 
 
 class SubmitIn(Schema):
-    """Exactly one of `text` and `texts`."""
+    """Exactly one of `text`, `texts`, `input` and `inputs`. Each model's own input
+    schema is at POST /api/v1/models/{name}/requests and GET /api/v1/models."""
 
-    text: str | None = Field(None, description="One text to embed.", examples=["a sentence to embed"])
+    text: str | None = Field(None, description="One text, for a model that takes texts.", examples=["a sentence"])
     texts: list[str] | None = Field(
         None, min_length=1, max_length=MAX_TEXTS, description=f"Up to {MAX_TEXTS} texts, answered in order."
+    )
+    input: Any = Field(
+        None, description="One input as the model takes it: a text, a [query, passage] pair, ... (GET /models)."
+    )
+    inputs: list[Any] | None = Field(
+        None, min_length=1, max_length=MAX_TEXTS, description=f"Up to {MAX_TEXTS} inputs, answered in order."
     )
     priority: Literal[PRIORITIES] = "normal"  # type: ignore[valid-type]
     model: str | None = Field(None, max_length=64, description="A registered model; the default model if omitted.")
@@ -125,13 +134,24 @@ class SubmitIn(Schema):
 
     @model_validator(mode="after")
     def _one_of(self) -> SubmitIn:
-        if (self.text is None) == (self.texts is None):
-            raise ValueError("send exactly one of `text` (a string) and `texts` (a list of strings)")
+        given = [f for f in ("text", "texts", "input", "inputs") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "send exactly one of `text` (a string), `texts` (a list of strings), `input` (one input for "
+                "the model) and `inputs` (a list of them)"
+            )
         return self
+
+    def values(self) -> list[Any]:
+        if self.text is not None:
+            return [self.text]
+        if self.input is not None:
+            return [self.input]
+        return list(self.texts if self.texts is not None else self.inputs or [])
 
 
 class SubmitOut(Schema):
-    ids: list[str] = Field(description="One request id per text, in input order.")
+    ids: list[str] = Field(description="One request id per input, in input order.")
     status: str = "PENDING"
 
 
@@ -148,7 +168,7 @@ class Event(Schema):
 class RequestOut(Schema):
     id: str
     status: str = Field(description="PENDING until there is an outcome, then SUCCESS or FAILURE.")
-    result: Any = Field(None, description="The embedding, on SUCCESS.")
+    result: Any = Field(None, description="The model's answer, on SUCCESS (its schema: GET /api/v1/models).")
     error: str | None = Field(None, description="The request's own error, on FAILURE.")
     details: dict[str, Any] = Field(description="Batch, device, timings; empty while pending.")
     timeline: list[Event]
@@ -160,24 +180,22 @@ ERRORS: dict[int, type[Schema]] = {code: Error for code in (400, 401, 403, 413, 
 # --- operations ---------------------------------------------------------------------------
 
 
-@api.post("/requests", response={202: SubmitOut, **ERRORS}, summary="Submit one text or many")
+@api.post("/requests", response={202: SubmitOut, **ERRORS}, summary="Submit one input or many")
 def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
-    """Queue texts for embedding; answers 202 with their ids at once.
+    """Queue inputs for a model; answers 202 with their ids at once.
 
     Example: `{"texts": ["first", "second"], "priority": "high", "model": "minilm",
     "deadline_s": 5}` → `202 {"ids": ["…", "…"], "status": "PENDING"}`. Poll each id
     with GET /api/v1/requests/{id}.
     """
-    texts = [payload.text] if payload.text is not None else list(payload.texts or [])
+    return _submit(request, payload.values(), payload.priority, payload.model, payload.deadline_s)
+
+
+def _submit(
+    request: HttpRequest, values: list[Any], priority: str, model: str | None, deadline_s: float | None
+) -> Status:
     try:
-        ids = access.submit_texts(
-            request,
-            request.auth,
-            texts,
-            priority=payload.priority,
-            model=payload.model,
-            deadline_s=payload.deadline_s,
-        )
+        ids = access.submit_texts(request, request.auth, values, priority=priority, model=model, deadline_s=deadline_s)
     except (ValueError, TypeError) as exc:
         # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text.
         answer = refusal(exc)
@@ -189,6 +207,78 @@ def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
             access.rate_refusals.remember(token, exc.retry_after, exc)
         raise
     return Status(202, {"ids": ids, "status": "PENDING"})
+
+
+class ModelOut(Schema):
+    name: str
+    default: bool = Field(description="Requests that name no model get this one.")
+    max_tokens: int
+    input: dict[str, Any] = Field(description="JSON schema of one input.")
+    output: dict[str, Any] = Field(description="JSON schema of one answer.")
+    input_description: str
+    output_description: str
+    example: Any
+
+
+def _model_out(name: str) -> dict[str, Any]:
+    spec = get_spec(name)
+    return {
+        "name": name,
+        "default": name == settings.DEFAULT_MODEL,
+        "max_tokens": spec.max_tokens,
+        "input": TypeAdapter(spec.input_type).json_schema(),
+        "output": TypeAdapter(spec.output_type).json_schema(),
+        "input_description": spec.input_description,
+        "output_description": spec.output_description,
+        "example": spec.input_example,
+    }
+
+
+@api.get("/models", response={200: list[ModelOut], **ERRORS}, summary="The models served, with their schemas")
+def list_models(request: HttpRequest) -> list[dict[str, Any]]:
+    """Every model in BATCHING_MODELS: its input and output as JSON schemas, its token
+    limit, and an example input."""
+    return [_model_out(name) for name in model_names()]
+
+
+def _typed_operation(name: str) -> None:
+    """POST /models/{name}/requests: the same as POST /requests with "model": name, but
+    its body's schema is the model's own, so the OpenAPI document shows it."""
+    spec = get_spec(name)
+    kind = spec.input_type
+    body = create_model(
+        f"{''.join(p.capitalize() for p in re.split(r'[^0-9A-Za-z]+', name))}Submit",
+        __base__=Schema,
+        input=(kind | None, Field(None, description=spec.input_description, examples=[spec.input_example])),
+        inputs=(
+            list[kind] | None,  # type: ignore[valid-type]
+            Field(None, min_length=1, max_length=MAX_TEXTS, description=f"Up to {MAX_TEXTS} inputs, in order."),
+        ),
+        priority=(Literal[PRIORITIES], "normal"),  # type: ignore[valid-type]
+        deadline_s=(float | None, Field(None, gt=0, allow_inf_nan=False, description="Seconds from now.")),
+    )
+
+    def submit_to_model(request: HttpRequest, payload: body) -> Status:  # type: ignore[valid-type]
+        if (payload.input is None) == (payload.inputs is None):
+            raise HttpError(422, "send exactly one of `input` and `inputs`")
+        values = [payload.input] if payload.input is not None else list(payload.inputs)
+        return _submit(request, values, payload.priority, name, payload.deadline_s)
+
+    # Resolved here: with postponed annotations, "body" would name nothing ninja can find.
+    submit_to_model.__annotations__.update(request=HttpRequest, payload=body, return_=Status)
+    submit_to_model.__doc__ = (
+        f"Queue inputs for `{name}`. One input: {spec.input_description} One answer: {spec.output_description}"
+    )
+    api.post(
+        f"/models/{name}/requests",
+        response={202: SubmitOut, **ERRORS},
+        summary=f"Submit to {name}",
+        operation_id=f"submit_{re.sub(r'[^0-9A-Za-z]+', '_', name)}",
+    )(submit_to_model)
+
+
+for _name in model_names():
+    _typed_operation(_name)
 
 
 @api.get(

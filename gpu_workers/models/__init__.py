@@ -1,45 +1,93 @@
-"""Model registry: ``get_spec(name)`` returns a shared, cheap ``ModelSpec``.
+"""Model registry: the models this system serves come from configuration.
 
-Importing this package (and counting tokens) never imports torch or
-sentence-transformers; only ``ModelSpec.load`` does.
+``BATCHING_MODELS`` (settings, or the environment as JSON) maps each model's name to
+the dotted path of its ``ModelSpec`` class and that class's options::
+
+    BATCHING_MODELS = {
+        "minilm": {"spec": "gpu_workers.models.minilm.MiniLMSpec"},
+        "sentiment": {
+            "spec": "gpu_workers.models.adapters.SequenceClassifierSpec",
+            "path": "/models/sentiment",
+            "max_tokens": 512,
+        },
+    }
+
+``get_spec(name)`` returns a shared, cheap spec: importing this package, and counting
+tokens, never imports torch; only ``ModelSpec.load`` does. The test models
+(``TEST_MODELS``) join the configured ones only while ``BATCHING_TEST_MODELS`` is on.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .base import BatchRunner, ModelSpec, check_device
 
-__all__ = ["MODEL_NAMES", "TEST_MODELS", "BatchRunner", "ModelSpec", "check_device", "get_spec"]
+__all__ = ["TEST_MODELS", "BatchRunner", "ModelSpec", "check_device", "configured", "get_spec", "model_names"]
 
-MODEL_NAMES: tuple[str, ...] = ("minilm", "synthetic")
-#: Models for tests and benchmarks only: the edge refuses them unless
-#: BATCHING_TEST_MODELS is on (synthetic's directives can fail, stall or kill a device).
-TEST_MODELS: frozenset[str] = frozenset({"synthetic"})
+#: Models for tests and benchmarks only, refused unless BATCHING_TEST_MODELS is on:
+#: synthetic's directives can fail, stall or kill a device.
+TEST_MODELS: Mapping[str, Mapping[str, Any]] = {"synthetic": {"spec": "gpu_workers.models.synthetic.SyntheticSpec"}}
 
-_specs: dict[str, ModelSpec] = {}
+_specs: dict[tuple[str, str], ModelSpec] = {}
 _lock = threading.Lock()
 
 
-def _make(name: str) -> ModelSpec:
-    # Imported here so a process that only ever uses one model does not pay for the other.
-    if name == "minilm":
-        from .minilm import MiniLMSpec
+def configured() -> dict[str, Mapping[str, Any]]:
+    """Every model this process may serve: name -> {"spec": dotted path, **options}."""
+    models = dict(settings.BATCHING_MODELS)
+    if settings.BATCHING_TEST_MODELS:
+        for name, config in TEST_MODELS.items():
+            models.setdefault(name, config)
+    return models
 
-        return MiniLMSpec()
-    from .synthetic import SyntheticSpec
 
-    return SyntheticSpec()
+def model_names() -> list[str]:
+    return sorted(configured())
+
+
+def build(name: str, config: Mapping[str, Any]) -> ModelSpec:
+    """A spec from its configuration, or ImproperlyConfigured naming the setting."""
+    where = f"BATCHING_MODELS[{name!r}]"
+    if not isinstance(config, Mapping) or not isinstance(config.get("spec"), str):
+        raise ImproperlyConfigured(f'{where} must be a mapping with "spec": the dotted path of a ModelSpec class')
+    options = {k: v for k, v in config.items() if k != "spec"}
+    try:
+        cls = import_string(config["spec"])
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"{where}: cannot import spec {config['spec']!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, ModelSpec)):
+        raise ImproperlyConfigured(f"{where}: {config['spec']!r} is not a ModelSpec subclass")
+    try:
+        return cls.from_config(name, options)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
 def get_spec(name: str) -> ModelSpec:
-    """The singleton spec for ``name``; shared so the tokenizer loads once per process."""
-    if not isinstance(name, str) or name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
-    spec = _specs.get(name)
+    """The shared spec for ``name``, so a tokenizer loads once per process. Raises
+    ValueError naming the models there are (test models say how to turn them on)."""
+    models = configured()
+    config = models.get(name) if isinstance(name, str) else None
+    if config is None:
+        if isinstance(name, str) and name in TEST_MODELS:
+            raise ValueError(
+                f"model {name!r} is a test model and is off here; choose one of: {', '.join(sorted(models))} "
+                "(operators: BATCHING_TEST_MODELS=1 turns test models on, for tests and benchmarks only)"
+            )
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(models))}")
+    key = (name, json.dumps(config, sort_keys=True, default=str))
+    spec = _specs.get(key)
     if spec is None:
         with _lock:
-            spec = _specs.get(name)
+            spec = _specs.get(key)
             if spec is None:
-                spec = _specs[name] = _make(name)
+                spec = _specs[key] = build(name, config)
     return spec

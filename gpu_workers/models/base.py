@@ -9,11 +9,12 @@ it returns a ``BatchRunner`` bound to one device.
 from __future__ import annotations
 
 import abc
+import json
 import re
-from collections.abc import Sequence
-from typing import Self
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Self
 
-__all__ = ["BatchRunner", "ModelSpec", "check_device"]
+__all__ = ["BatchRunner", "ModelSpec", "check_device", "check_text"]
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(:\d+)?$")
 
@@ -29,23 +30,70 @@ def check_device(device: str) -> str:
     return device
 
 
+def check_text(text: str) -> str:
+    """`text`, or ValueError if it cannot be encoded as UTF-8 (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode (unpaired surrogate at index {exc.start})") from None
+    return text
+
+
 class ModelSpec(abc.ABC):
-    """What the batcher needs to know about a model without loading it."""
+    """What the batcher needs to know about a model without loading it.
 
+    A spec is the extension point: declare one in BATCHING_MODELS (settings) by the
+    dotted path of its class, with its options, and the system serves it (docs/models.md).
+
+    One input is whatever `input_type` says, as JSON: a text, a (query, passage) pair, a
+    list of texts. `validate_input` checks it at the edge, `count_tokens` prices it for
+    the batch token budget, and the runner's answer for it is any JSON (`output_type`).
+    """
+
+    #: The name requests use ("model": "minilm"); set from the BATCHING_MODELS key.
     name: str
-    # The model's own input limit, special tokens included.
+    #: The model's own input limit, special tokens included.
     max_tokens: int
+    #: One input, as a type pydantic understands (the API's schema is built from it).
+    input_type: ClassVar[Any] = str
+    #: One answer, likewise.
+    output_type: ClassVar[Any] = list[float]
+    #: Shown in the API's schema and the submit page.
+    input_description: ClassVar[str] = "A text."
+    output_description: ClassVar[str] = "The model's answer for this input."
+    input_example: ClassVar[Any] = "a sentence to embed"
+
+    @classmethod
+    def from_config(cls, name: str, options: Mapping[str, Any]) -> Self:
+        """The spec BATCHING_MODELS[name] declares: its options are the constructor's
+        keyword arguments. A wrong option raises TypeError naming it."""
+        spec = cls(**dict(options))
+        spec.name = name
+        return spec
+
+    def validate_input(self, value: object) -> Any:
+        """The input as the model takes it, or TypeError/ValueError saying what is
+        wrong. The default accepts one non-blank text."""
+        if not isinstance(value, str):
+            raise TypeError(f"{self.name} takes a text (a JSON string), got {type(value).__name__}")
+        if not value.strip():
+            raise ValueError("text is empty or only whitespace; send some words")
+        check_text(value)
+        return value
 
     @abc.abstractmethod
-    def count_tokens(self, text: str) -> int:
-        """Token count of ``text`` as the model sees it, special tokens included.
-
-        Must be cheap and must not import torch.
-        """
+    def count_tokens(self, value: Any) -> int:
+        """Token count of one (validated) input as the model sees it, special tokens
+        included. Must be cheap and must not import torch."""
 
     @abc.abstractmethod
-    def truncate(self, text: str, max_tokens: int) -> tuple[str, int]:
-        """Cut ``text`` so it counts at most ``max_tokens``; return ``(text, new_count)``."""
+    def truncate(self, value: Any, max_tokens: int) -> tuple[Any, int]:
+        """Cut one input so it counts at most ``max_tokens``; return ``(input, new_count)``."""
+
+    def describe(self, value: Any, limit: int = 60) -> str:
+        """A short human-readable form of one input (Flower's arguments, logs)."""
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
 
     @abc.abstractmethod
     def load(self, device: str) -> BatchRunner:
@@ -61,8 +109,8 @@ class BatchRunner(abc.ABC):
     device: str
 
     @abc.abstractmethod
-    def run_batch(self, texts: Sequence[str]) -> list[list[float]]:
-        """Return one output per input, in the same order.
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        """Return one JSON-safe output per input, in the same order.
 
         May raise for the whole batch; the caller is responsible for isolating
         the offending input.

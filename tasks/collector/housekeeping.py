@@ -45,8 +45,8 @@ def apply_policy(c: Collector, policy: Any) -> None:
     if policy != c.policy:
         log.info("collector applies policy version %d", policy.version)
         c.policy = policy
-        for sched in c.schedulers.values():
-            sched.set_policy(policy)
+        for model, sched in c.schedulers.items():
+            sched.set_policy(policy.for_model(model))
 
 
 def read_devices(c: Collector, r: Any) -> None:

@@ -210,7 +210,7 @@ class Collector:
             task_id, request = inbox.parse_request(raw, priority)
             if task_id in self.held:
                 return  # queued again by the ledger sweep while we hold it: keep one copy
-            slow = fingerprint(request.model, request.text) in self.slow_inputs
+            slow = fingerprint(request.model, request.input) in self.slow_inputs
             item = inbox.to_item(task_id, request, now=self.clock.now(), wall=clock.now(), slow=slow)
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the loop
             bad_id = wire.task_id_of(raw)
@@ -222,7 +222,7 @@ class Collector:
             return
         sched = self.schedulers.get(request.model)
         if sched is None:
-            sched = self.schedulers[request.model] = Scheduler(self.policy, self.clock.now)
+            sched = self.schedulers[request.model] = Scheduler(self.policy.for_model(request.model), self.clock.now)
         sched.add(item)
         self.held[task_id] = item
 
@@ -275,13 +275,13 @@ class Collector:
         items = [(item.priority, item.id) for _, batch in formed for item in batch.items]
         if self.outbox.send(bodies, items):
             self.stats["rounds"] += 1
-        for (_, batch), body in zip(formed, bodies, strict=True):
+        for (model, batch), body in zip(formed, bodies, strict=True):
             for item in batch.items:
                 self.held.pop(item.id, None)
             self.slots.sent(body["batch_id"], batch.padded_tokens)
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
-            self.metrics.batch_sent(batch, self.policy.max_batch_size)
+            self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)
 
     def _expire(self) -> None:
         expired: list[Item[Held]] = []

@@ -27,7 +27,7 @@ def batch_body(model: str, batch: Batch[Held]) -> dict[str, Any]:
         requests.append(
             {
                 "id": item.id,
-                "text": r.text,
+                "input": r.input,
                 "tokens": r.tokens,
                 "priority": r.priority,
                 "submitted_at": r.submitted_at,

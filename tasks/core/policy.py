@@ -13,6 +13,8 @@ from typing import Any
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 OVERSIZED_ACTIONS: tuple[str, ...] = ("reject", "truncate", "run_alone")
+#: The limits a model may set for itself (BatchPolicy.per_model).
+MODEL_LIMITS: tuple[str, ...] = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 
 
 def _default_weights() -> dict[str, int]:
@@ -46,6 +48,10 @@ class BatchPolicy:
     #: Deadline for requests that set none, in seconds; None means no deadline. Finite
     #: by default, so a caller blocked on `.get()` with no timeout is always answered.
     default_deadline_s: float | None = 300.0
+    #: Per-model batch limits over the ones above: model name -> any of
+    #: max_batch_size, max_batch_tokens, max_wait_ms. A 7B classifier and MiniLM need
+    #: different batches; a batch never mixes models.
+    per_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Bumped on every saved change, so a running collector can tell it is behind.
     version: int = 0
 
@@ -61,9 +67,19 @@ class BatchPolicy:
         if self.default_deadline_s is not None:
             _check_number("default_deadline_s", self.default_deadline_s, 0.001)
         _check_int("version", self.version, 0)
+        if not isinstance(self.per_model, dict):
+            raise ValueError(f"per_model must map model names to limits, got {self.per_model!r}")
+        for model, limits in self.per_model.items():
+            if not isinstance(limits, dict) or set(limits) - set(MODEL_LIMITS):
+                raise ValueError(f"per_model[{model}] must set only {', '.join(MODEL_LIMITS)}, got {limits!r}")
+            try:
+                replace(self, per_model={}, **limits)  # the same checks as the policy's own
+            except ValueError as exc:
+                raise ValueError(f"per_model[{model}]: {exc}") from None
         # Copies, so a caller's dict mutated later cannot change a frozen policy.
         object.__setattr__(self, "weights", dict(self.weights))
         object.__setattr__(self, "queue_caps", dict(self.queue_caps))
+        object.__setattr__(self, "per_model", {m: dict(v) for m, v in self.per_model.items()})
 
     @property
     def max_wait_s(self) -> float:
@@ -72,6 +88,11 @@ class BatchPolicy:
     @property
     def aging_s(self) -> float:
         return self.aging_ms / 1000.0
+
+    def for_model(self, model: str) -> BatchPolicy:
+        """This policy with `model`'s own batch limits, if it has any."""
+        limits = self.per_model.get(model)
+        return replace(self, **limits) if limits else self
 
     def share(self, priority: str) -> float:
         """The fraction of served tokens this tier is guaranteed while it is backlogged."""

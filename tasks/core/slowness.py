@@ -10,6 +10,7 @@ caller reports measured durations.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 
 
@@ -61,6 +62,8 @@ def slow_after(expected_s: float | None, *, factor: float, floor_s: float) -> fl
     return max(floor_s, factor * (expected_s or 0.0))
 
 
-def fingerprint(model: str, text: str) -> str:
-    """A short, stable name for an input, so a known-slow input is recognised again."""
+def fingerprint(model: str, value: object) -> str:
+    """A short, stable name for an input (a text, or any JSON), so a known-slow input
+    is recognised again."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
     return hashlib.blake2b(f"{model}\0{text}".encode(), digest_size=12).hexdigest()

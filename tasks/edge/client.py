@@ -1,7 +1,8 @@
-"""The client API: submit texts, get Celery AsyncResults back.
+"""The client API: submit inputs, get Celery AsyncResults back.
 
     from tasks.edge.client import submit
     vector = submit("a sentence").get(timeout=10)        # 384 floats for minilm
+    score = submit(["a query", "a passage"], model="reranker").get(timeout=10)
 
 Each request is validated and tokenized here, at the edge, then queued as one Celery
 task message on its priority's queue: all the messages of one call in one round trip,
@@ -18,6 +19,8 @@ from typing import Any
 
 from celery.result import AsyncResult
 from django.conf import settings
+
+from gpu_workers.models import get_spec
 
 from .. import metrics
 from ..core.errors import DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
@@ -45,7 +48,7 @@ _policy = shared_state.PolicyCache(max_age_s=0.5)
 
 
 def submit(
-    text: str,
+    input: Any,
     *,
     priority: str = "normal",
     model: str | None = None,
@@ -53,14 +56,15 @@ def submit(
     owner: str = "",
     quota: Quota | None = None,
 ) -> AsyncResult:
-    """Queue one text. Raises ValueError/TypeError for bad input and Overloaded when the
-    priority's queue is at its cap (QuotaExceeded when the owner's quota is); nothing
-    is enqueued in either case."""
-    return submit_many([text], priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)[0]
+    """Queue one input for `model` (the default model if None): a text, or what that
+    model takes (a [query, passage] pair for a reranker, ...). Raises ValueError /
+    TypeError for bad input and Overloaded when the priority's queue is at its cap
+    (QuotaExceeded when the owner's quota is); nothing is enqueued in either case."""
+    return submit_many([input], priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)[0]
 
 
 def submit_many(
-    texts: Iterable[str],
+    inputs: Iterable[Any],
     *,
     priority: str = "normal",
     model: str | None = None,
@@ -68,14 +72,14 @@ def submit_many(
     owner: str = "",
     quota: Quota | None = None,
 ) -> list[AsyncResult]:
-    """Queue several texts; results come back in input order. All are validated first,
-    so one bad text enqueues none of them.
+    """Queue several inputs; results come back in input order. All are validated first,
+    so one bad input enqueues none of them.
 
     `owner` names who submits ("user:42"): only they (and staff) may read the answers
     on the web, and `quota` bounds what they may spend. A script calling this in-process
     is trusted and passes neither."""
-    if isinstance(texts, str):
-        raise TypeError("submit_many takes a list of texts; use submit() for one text")
+    if isinstance(inputs, str):
+        raise TypeError("submit_many takes a list of inputs; use submit() for one text")
     policy = _policy.get()
     requests = [
         accept(
@@ -85,9 +89,8 @@ def submit_many(
             deadline_s=deadline_s,
             policy=policy,
             default_model=settings.DEFAULT_MODEL,
-            test_models=settings.BATCHING_TEST_MODELS,
         )
-        for t in texts
+        for t in inputs
     ]
     if not requests:
         return []
@@ -146,8 +149,7 @@ def _in_flight_s(now: float, deadline_at: float | None) -> float:
 
 def _argsrepr(req: Request) -> str:
     """What Flower shows as a request's arguments."""
-    text = req.text if len(req.text) <= 60 else req.text[:57] + "..."
-    return f"({text!r}, {req.tokens} tokens)"
+    return f"({get_spec(req.model).describe(req.input)!r}, {req.tokens} tokens)"
 
 
 def details(result: AsyncResult | str) -> dict[str, Any]:

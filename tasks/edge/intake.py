@@ -7,11 +7,12 @@ with ValueError or TypeError, before anything is enqueued.
 
 from __future__ import annotations
 
+import json
 import math
 
 from celery import shared_task
 
-from gpu_workers.models import TEST_MODELS, get_spec
+from gpu_workers.models import get_spec
 
 from ..core.errors import RequestTooLarge
 from ..core.policy import PRIORITIES, BatchPolicy
@@ -19,38 +20,31 @@ from ..protocol.names import REQUEST_TASK
 from ..protocol.request import Request
 from ..store import clock
 
-#: Longer texts are refused before tokenizing: counting megabytes of text would let one
-#: caller stall the edge. The model sees at most a few hundred tokens anyway.
-MAX_TEXT_CHARS = 100_000
+#: Longer inputs (as JSON) are refused before tokenizing: counting megabytes would let
+#: one caller stall the edge. A model sees at most a few thousand tokens anyway.
+MAX_INPUT_CHARS = 100_000
 
 
 def accept(
-    text: object,
+    value: object,
     *,
     priority: object = "normal",
     model: object = None,
     deadline_s: object = None,
     policy: BatchPolicy,
     default_model: str,
-    test_models: bool = False,
 ) -> Request:
-    """Validate one request and count its tokens, or raise ValueError / TypeError.
-    Test models (gpu_workers.models.TEST_MODELS) are refused unless `test_models`."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError("text is empty or only whitespace; send some words to embed")
-    if len(text) > MAX_TEXT_CHARS:
-        raise RequestTooLarge(len(text), MAX_TEXT_CHARS, "character limit")
+    """Validate one request's input for its model and count its tokens, or raise
+    ValueError / TypeError (RequestTooLarge is a ValueError)."""
+    size = len(value) if isinstance(value, str) else _json_size(value)
+    if size > MAX_INPUT_CHARS:
+        raise RequestTooLarge(size, MAX_INPUT_CHARS, "character limit")
     if priority not in PRIORITIES:
         raise ValueError(f"unknown priority {priority!r}; choose one of: {', '.join(PRIORITIES)}")
     model_name = default_model if model is None else model
-    spec = get_spec(model_name)  # raises ValueError naming the known models
-    if spec.name in TEST_MODELS and not test_models:
-        raise ValueError(
-            f"model {spec.name!r} is a test model and is off here; choose {default_model!r} "
-            "(operators: BATCHING_TEST_MODELS=1 turns test models on, for tests and benchmarks only)"
-        )
+    spec = get_spec(model_name)  # type: ignore[arg-type]  # raises ValueError naming the known models
+    text = spec.validate_input(value)
+    policy = policy.for_model(spec.name)
     if deadline_s is None:
         deadline_s = policy.default_deadline_s
     if deadline_s is not None and (
@@ -77,7 +71,7 @@ def accept(
 
     now = clock.now()  # Redis's clock: the collector and devices judge the deadline
     return Request(
-        text=text,
+        input=text,
         tokens=tokens,
         model=spec.name,
         priority=str(priority),
@@ -86,6 +80,13 @@ def accept(
         truncated=truncated,
         alone=alone,
     )
+
+
+def _json_size(value: object) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(f"input must be JSON (a text, a list, an object): {exc}") from None
 
 
 @shared_task(name=REQUEST_TASK)

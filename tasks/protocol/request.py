@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 class Request:
     """A request as it crosses processes: plain JSON-safe fields, no objects."""
 
-    text: str
+    #: One input as its model takes it (ModelSpec.input_type): a text, a pair, ... any JSON.
+    input: object
     tokens: int
     model: str
     priority: str
@@ -33,7 +34,7 @@ class Request:
         request = cls(**data)  # type: ignore[arg-type]
         number = (int, float)
         checks = {
-            "text": isinstance(request.text, str),
+            "input": request.input is not None,
             "tokens": isinstance(request.tokens, int) and not isinstance(request.tokens, bool) and request.tokens > 0,
             "model": isinstance(request.model, str),
             "priority": isinstance(request.priority, str),

@@ -21,6 +21,7 @@ from django.test import Client
 from django.urls import URLResolver, get_resolver
 from django.utils import timezone
 
+from gpu_workers.models import model_names
 from tasks.models import ApiToken
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
@@ -60,6 +61,16 @@ MATRIX: dict[str, Row] = {
     "api/v1/docs": Row("GET", lambda a: "/api/v1/docs", each(200, 200, 200, 200, 200, 200)),
     "api/v1/requests": Row("POST", lambda a: "/api/v1/requests", each(401, 202, 202, 202, 202, 401), SUBMIT),
     "api/v1/requests/<request_id>": Row("GET", lambda a: f"/api/v1/requests/{a}", each(401, 200, 404, 200, 200, 401)),
+    "api/v1/models": Row("GET", lambda a: "/api/v1/models", each(401, 200, 200, 200, 200, 401)),
+    **{
+        f"api/v1/models/{name}/requests": Row(
+            "POST",
+            lambda a, name=name: f"/api/v1/models/{name}/requests",
+            each(401, 202, 202, 202, 202, 401),
+            {"input": "a harmless sentence"},
+        )
+        for name in model_names()
+    },
     "api/v1/stats": Row("GET", lambda a: "/api/v1/stats", each(401, 200, 200, 200, 200, 401)),
     "api/v1/": Row("GET", lambda a: "/api/v1/", each(404, 404, 404, 404, 404, 404)),
     # The admin: Django's own rules (active staff, then model permissions); its index

@@ -332,7 +332,7 @@ def test_broken_device_opens_its_circuit_and_healthy_devices_answer(chaos_system
 def lose_a_request(text: str) -> tuple[str, str]:
     """A request in the ledger (accepted an hour ago) and nowhere else."""
     task_id = str(uuid.uuid4())
-    request = accept(text, model="synthetic", policy=BatchPolicy(), default_model="synthetic", test_models=True)
+    request = accept(text, model="synthetic", policy=BatchPolicy(), default_model="synthetic")
     raw = wire.task_message(app, REQUEST_TASK, task_id, [request.to_message()], request_queue_name("normal"))
     r = shared_state.client()
     r.zadd(ledger.LEDGER_KEY, {task_id: time.time() - 3600})

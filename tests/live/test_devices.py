@@ -126,5 +126,5 @@ def test_work_pinned_to_a_device_queue_runs_on_that_device(live_system: LocalSys
         batch = batch_of([f"pinned to {device} #{i}" for i in range(3)])
         app.send_task(BATCH_TASK, args=[batch], task_id=batch["batch_id"], queue=device_queue_name(device))
         for req in batch["requests"]:  # type: ignore[attr-defined]
-            assert outcome(req).get(timeout=30) == synthetic.embed(req["text"])
+            assert outcome(req).get(timeout=30) == synthetic.embed(req["input"])
             assert details(req["id"])["device"].startswith(device + "@")

@@ -35,7 +35,7 @@ def messages(priority: str, n: int, tag: str = "m") -> list[tuple[str, str]]:
     out = []
     for i in range(n):
         task_id = str(uuid.uuid4())
-        body = {"text": f"{tag} {i}", "priority": priority}
+        body = {"input": f"{tag} {i}", "priority": priority}
         out.append((task_id, wire.task_message(app, REQUEST_TASK, task_id, [body], queue, argsrepr=f"{tag} {i}")))
     return out
 
@@ -65,7 +65,7 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
         {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
     ]
     decoded = wire.decode(raw)
-    assert (decoded.task, decoded.task_id, decoded.args[0]["text"]) == (REQUEST_TASK, task_id, "m 0")
+    assert (decoded.task, decoded.task_id, decoded.args[0]["input"]) == (REQUEST_TASK, task_id, "m 0")
 
 
 def test_admit_queues_records_and_wakes_or_refuses_all(r: Any, token: str) -> None:

@@ -14,7 +14,7 @@ from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE, REQUEST_TASK, request_queue_name
 from tasks.protocol.request import Request
 
-REQ = Request(text="hello", tokens=3, model="synthetic", priority="normal", submitted_at=100.0, deadline_at=130.0)
+REQ = Request(input="hello", tokens=3, model="synthetic", priority="normal", submitted_at=100.0, deadline_at=130.0)
 
 
 def message(args: list, *, task: str = REQUEST_TASK, task_id: str = "req-1") -> bytes:
@@ -72,7 +72,7 @@ def test_to_item_turns_wall_clock_age_and_deadline_into_the_collector_clock() ->
 
 
 def test_to_item_without_deadline_from_the_future_and_slow() -> None:
-    req = Request(text="x", tokens=1, model="synthetic", priority="low", submitted_at=100.0)
+    req = Request(input="x", tokens=1, model="synthetic", priority="low", submitted_at=100.0)
     item = to_item("req-2", req, now=7.0, wall=90.0, slow=True)  # clocks disagree
     assert item.enqueued_at == 7.0, "an age is never negative"
     assert item.deadline is None
@@ -132,12 +132,12 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     loop.request_queues.ack = lambda r, token, items: acked.extend(items)  # type: ignore[assignment]
     try:
         hostile = [
-            {**REQ.to_message(), "text": "lone \ud800 surrogate"},
-            {**REQ.to_message(), "text": "nul \x00 inside"},
+            {**REQ.to_message(), "input": "lone \ud800 surrogate"},
+            {**REQ.to_message(), "input": "nul \x00 inside"},
             {**REQ.to_message(), "submitted_at": "yesterday"},
             {**REQ.to_message(), "tokens": [1]},
             {**REQ.to_message(), "extra": 1},
-            {"text": 5},
+            {"input": 5},
         ]
         for i, body in enumerate(hostile):
             raw = wire.task_message(app, REQUEST_TASK, f"hostile-{i}", [body], "requests.normal")

@@ -15,7 +15,7 @@ from tasks.protocol.request import Request
 
 
 def item(task_id: str, text: str, tokens: int, priority: str, *, slow: bool = False, at: float = 0.0) -> Item[Held]:
-    req = Request(text=text, tokens=tokens, model="synthetic", priority=priority, submitted_at=1.0, deadline_at=None)
+    req = Request(input=text, tokens=tokens, model="synthetic", priority=priority, submitted_at=1.0, deadline_at=None)
     return Item(id=task_id, tokens=tokens, priority=priority, enqueued_at=at, payload=Held(req, slow))
 
 
@@ -28,7 +28,7 @@ def test_batch_body_carries_every_request() -> None:
     b = batch(item("a", "one", 2, "high", at=9.5), item("b", "two two", 5, "low", at=4.0))
     body = batch_body("synthetic", b)
     assert body["model"] == "synthetic"
-    assert [(r["id"], r["text"], r["tokens"], r["priority"]) for r in body["requests"]] == [
+    assert [(r["id"], r["input"], r["tokens"], r["priority"]) for r in body["requests"]] == [
         ("a", "one", 2, "high"),
         ("b", "two two", 5, "low"),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_workers.models import (
-    MODEL_NAMES,
     BatchRunner,
     ModelSpec,
     check_device,
     get_spec,
+    model_names,
 )
 from gpu_workers.models.minilm import (
     MiniLMRunner,
@@ -70,10 +71,42 @@ TEXTS = [
 
 
 def test_model_names() -> None:
-    assert MODEL_NAMES == ("minilm", "synthetic")
+    assert model_names() == ["minilm", "synthetic"]
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_models_come_from_settings_and_bad_ones_name_the_setting(settings) -> None:  # type: ignore[no-untyped-def]
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.BATCHING_MODELS = {
+        "tiny": {"spec": "gpu_workers.models.synthetic.SyntheticSpec"},
+        "typo": {"spec": "gpu_workers.models.nope.Spec"},
+        "not-a-spec": {"spec": "json.dumps"},
+        "bad-option": {"spec": "gpu_workers.models.minilm.MiniLMSpec", "colour": "red"},
+    }
+    assert get_spec("tiny").name == "tiny" and model_names() == [
+        "bad-option",
+        "not-a-spec",
+        "synthetic",
+        "tiny",
+        "typo",
+    ]
+    for name, says in (
+        ("typo", "BATCHING_MODELS['typo']: cannot import spec 'gpu_workers.models.nope.Spec'"),
+        ("not-a-spec", "BATCHING_MODELS['not-a-spec']: 'json.dumps' is not a ModelSpec subclass"),
+        ("bad-option", "BATCHING_MODELS['bad-option']: TypeError:"),
+    ):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(says)):
+            get_spec(name)
+
+
+def test_the_test_model_exists_only_when_turned_on(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.BATCHING_TEST_MODELS = False
+    assert model_names() == ["minilm"]
+    with pytest.raises(ValueError, match="is a test model and is off here.*BATCHING_TEST_MODELS=1"):
+        get_spec("synthetic")
+
+
+@pytest.mark.parametrize("name", ["minilm", "synthetic"])
 def test_get_spec_returns_singleton(name: str) -> None:
     spec = get_spec(name)
     assert isinstance(spec, ModelSpec)
