@@ -55,7 +55,7 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
         )
     result = info.get("result")
     preview = None
-    if isinstance(result, list):
+    if isinstance(result, list) and all(isinstance(x, (int, float)) for x in result):
         preview = {"length": len(result), "head": [f"{x:.4f}" if isinstance(x, float) else x for x in result[:8]]}
     return render(
         request,
@@ -64,6 +64,7 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
             "info": info,
             "preview": preview,
             "details_json": json.dumps(info["details"], indent=2, sort_keys=True, default=str),
+            "result_json": json.dumps(result, indent=2, default=str)[:20_000],
             "pending": info["status"] not in ("SUCCESS", "FAILURE"),
         },
     )

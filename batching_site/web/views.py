@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
+from gpu_workers.models import get_spec, model_names
 from tasks.models import BatchingPolicy
 from tasks.protocol.app import get_app
 from tasks.protocol.names import PRIORITIES
@@ -25,7 +26,19 @@ def index(request: HttpRequest) -> HttpResponse:
     """The submit page: for logged-in users, or anyone when BATCHING_OPEN_DEMO is on."""
     if not access.may_submit(request.user):
         return redirect_to_login(request.get_full_path())
-    return render(request, "index.html", {"priorities": PRIORITIES})
+    models = []
+    for name in model_names():
+        spec = get_spec(name)
+        takes_text = spec.input_type is str
+        models.append(
+            {
+                "name": name,
+                "default": name == settings.DEFAULT_MODEL,
+                "hint": spec.input_description + ("" if takes_text else " Type it as JSON."),
+                "example": spec.input_example if takes_text else json.dumps(spec.input_example),
+            }
+        )
+    return render(request, "index.html", {"priorities": PRIORITIES, "models": models})
 
 
 def _refused(exc: Exception) -> JsonResponse:
@@ -47,13 +60,30 @@ def submit_form(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": "body is not valid JSON"}, status=400)
     if not hasattr(data, "get"):
         return JsonResponse({"detail": 'body must be a JSON object: {"text": "...", "priority": "normal"}'}, status=400)
+    model = data.get("model") or None
+    value = data.get("input") if "input" in data else data.get("text")
+    if isinstance(value, str) and request.content_type != "application/json" and not _takes_text(model):
+        # A form field is always a string; a model that takes a pair or a list gets JSON.
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return JsonResponse(
+                {"detail": f"model {model!r} takes JSON input, e.g. a [query, passage] pair"}, status=400
+            )
     try:
         (task_id,) = access.submit_texts(
-            request, request.user, [data.get("text")], priority=data.get("priority") or "normal"
+            request, request.user, [value], priority=data.get("priority") or "normal", model=model
         )
     except Exception as exc:  # noqa: BLE001 - errors.refusal decides; a bug re-raises
         return _refused(exc)
     return JsonResponse({"id": task_id, "status": "PENDING"}, status=202)
+
+
+def _takes_text(model: object) -> bool:
+    try:
+        return get_spec(model if isinstance(model, str) else settings.DEFAULT_MODEL).input_type is str
+    except (ValueError, TypeError):
+        return True  # an unknown model: the submit path says so
 
 
 @require_GET

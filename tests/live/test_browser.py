@@ -94,7 +94,8 @@ def test_submit_from_the_page_then_watch_the_dashboard_move(
 
         page = context.new_page()
         page.goto(f"{live_server.url}/")
-        page.fill("#text", "a sentence typed into a real browser")
+        page.select_option("#model", "minilm")
+        page.fill("#input", "a sentence typed into a real browser")
         page.select_option("#priority", "high")
         page.click("#submit-button")
         page.wait_for_selector("#status.ok")
