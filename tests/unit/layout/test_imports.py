@@ -26,9 +26,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks.protocol",),
     ("tasks.core",),
 ]
-#: Below every layer: the settings every process reads. (The Celery app module is
-#: the site's: the package reaches it only by name, through BATCHING_CELERY_APP.)
-BASE = ("batching_site.settings",)
+#: Below every layer: the settings every process reads, and the package's defaults that
+#: they take. (The Celery app module is the site's: the package reaches it only by name,
+#: through BATCHING_CELERY_APP.)
+BASE = ("batching_site.settings", "tasks.defaults")
 #: The device workers' model specs sit under the edge, which counts tokens with them.
 LAYERS.insert(LAYERS.index(("tasks.metrics",)), ("gpu_workers.models",))
 
