@@ -27,7 +27,7 @@ from django.conf import settings
 
 from tasks import metrics
 from tasks.core.errors import DeadlineExceeded, ModelUnavailable, WorkerCrashed
-from tasks.core.slowness import fingerprint
+from tasks.core.slowness import confirms_slow, fingerprint
 from tasks.protocol import events as flower_events
 from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE
@@ -58,6 +58,9 @@ class DeviceRunner:
         self.requests = 0
         self.busy_s = 0.0
         self.isolated = 0
+        #: Inputs that made a batch too slow but were no slower than a batch-mate alone:
+        #: the device was busy, the input innocent. Not remembered.
+        self.suspected = 0
         self.watchdog = Watchdog(on_hung=self._hung)
         #: The batch being run and its requests to run, for `_hung`.
         self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
@@ -143,7 +146,12 @@ class DeviceRunner:
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
             written = self._outcomes.write(outcomes)
-            isolated, left = self._isolate(batch["model"], slow, base, until)
+            mates = [
+                r
+                for r, res in zip(live, results, strict=True)
+                if res is not SLOW and res is not UNRUN and not isinstance(res, BaseException)
+            ]
+            isolated, left = self._isolate(batch["model"], slow, mates, base, until)
             unrun += left
             outcomes += isolated
             written += self._outcomes.write(isolated, also=also)
@@ -162,7 +170,7 @@ class DeviceRunner:
             "ran": len(live) - len(unrun),
             "written": written,
             "skipped": len(batch["requests"]) - len(todo),
-            "isolated": len(slow),
+            "isolated": sum(1 for o in outcomes if o.details.get("isolated")),
             "handed_back": len(unrun),
             "run_ms": base["run_ms"],
         }
@@ -293,24 +301,61 @@ class DeviceRunner:
         return also
 
     def _isolate(
-        self, model: str, slow: list[dict[str, Any]], base: dict[str, Any], until: float
+        self,
+        model: str,
+        slow: list[dict[str, Any]],
+        mates: list[dict[str, Any]],
+        base: dict[str, Any],
+        until: float,
     ) -> tuple[list[Outcome], list[dict[str, Any]]]:
-        """Run each too-slow input alone, remember it so the collector sends it to the
-        slow lane next time, and mark its result as isolated. Returns the outcomes, and
-        the inputs the batch's time bound left unrun."""
+        """Run each input that made its batch too slow alone, and remember it for the
+        slow lane only if it is slow in itself: judged against a batch-mate run alone
+        just before it (tasks/core/slowness.py::confirms_slow), so a device that was
+        merely busy flags nothing. Returns the outcomes, and the inputs the batch's
+        time bound left unrun."""
         runner = self.model(model)
+        control = self._control(model, runner, mates, until)
         outcomes, unrun = [], []
         for r in slow:
-            fp = fingerprint(model, r["input"])
-            shared_state.remember_slow_input(fp)
-            self._emit({"kind": "slow", "fingerprint": fp})
-            self.isolated += 1
+            t0 = time.perf_counter()
             res = self.bisector.run(model, runner, [r], slow_lane=True, until=until)[0]
+            took = time.perf_counter() - t0
             if res is UNRUN:
                 unrun.append(r)
+                continue
+            confirmed, ratio = False, 0.0
+            if control is not None and not isinstance(res, BaseException):
+                confirmed, ratio = confirms_slow(
+                    (r["tokens"], took), control, factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S
+                )
+            if confirmed:
+                fp = fingerprint(model, r["input"])
+                shared_state.remember_slow_input(fp)
+                self._emit({"kind": "slow", "fingerprint": fp})
+                self.isolated += 1
             else:
-                outcomes.append(self._outcome(r, res, base, isolated=True))
+                self.suspected += 1
+            outcome = self._outcome(r, res, base, isolated=confirmed)
+            outcome.details["slow_ratio"] = round(ratio, 2)
+            outcomes.append(outcome)
         return outcomes, unrun
+
+    def _control(
+        self, model: str, runner: Any, mates: list[dict[str, Any]], until: float
+    ) -> tuple[int, float] | None:
+        """The device's speed now: the longest batch-mate that ran in time, run alone
+        again (its answer is already written; this one is only timed). None without one."""
+        if not mates:
+            return None
+        mate = max(mates, key=lambda r: r["tokens"])
+        t0 = time.perf_counter()
+        res = self.bisector.run(model, runner, [mate], slow_lane=True, until=until)[0]
+        took = time.perf_counter() - t0
+        if res is UNRUN or isinstance(res, BaseException):
+            return None
+        # What the device does now is also what the cost model should expect next.
+        self.bisector.costs[model].observe(mate["tokens"], took)
+        return mate["tokens"], took
 
     # --- talking to the collector -----------------------------------------------------
 

@@ -105,8 +105,9 @@ COLLECTOR_KEY = PREFIX + "collector"
 COLLECTOR_LEASE_KEY = PREFIX + "collector:lease"
 #: Counter: the last fencing token handed out; each new active collector gets the next.
 COLLECTOR_EPOCH_KEY = PREFIX + "collector:epoch"
-#: Fingerprints of inputs too slow to share a batch: they go to the slow lane.
-SLOW_INPUTS_KEY = PREFIX + "slow_inputs"
+#: Sorted set: fingerprint of an input confirmed too slow to share a batch -> when to
+#: forget it. Such inputs go to the slow lane.
+SLOW_INPUTS_KEY = PREFIX + "slow_inputs_until"
 #: Capped list of recorded rounds, newest first.
 ROUNDS_KEY = PREFIX + "rounds"
 

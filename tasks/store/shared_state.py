@@ -116,12 +116,16 @@ def read_collector(r: redis.Redis | None = None) -> dict[str, Any] | None:
 
 
 def remember_slow_input(fp: str, r: redis.Redis | None = None) -> None:
-    """A device found this input too slow to share a batch: one round trip."""
-    pipe = (r or client()).pipeline(transaction=False)
-    pipe.sadd(SLOW_INPUTS_KEY, fp)
-    pipe.expire(SLOW_INPUTS_KEY, SLOW_INPUTS_TTL_S)
-    pipe.execute()
+    """A device confirmed this input slow in itself: remembered for SLOW_INPUTS_TTL_S
+    from now, each input on its own clock (a sorted set scored by when to forget it)."""
+    (r or client()).zadd(SLOW_INPUTS_KEY, {fp: clock.now() + SLOW_INPUTS_TTL_S})
 
 
 def slow_inputs(r: redis.Redis | None = None) -> set[str]:
-    return {m.decode() for m in (r or client()).smembers(SLOW_INPUTS_KEY)}
+    """The inputs still remembered as slow; the forgotten ones are dropped."""
+    r = r or client()
+    now = clock.now()
+    pipe = r.pipeline(transaction=False)
+    pipe.zremrangebyscore(SLOW_INPUTS_KEY, "-inf", now)
+    pipe.zrangebyscore(SLOW_INPUTS_KEY, now, "+inf")
+    return {m.decode() for m in pipe.execute()[1]}

@@ -11,7 +11,7 @@ import pytest
 from gpu_workers.watchdog import BatchTooSlow, Watchdog
 from tasks.core.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from tasks.core.clock import FakeClock
-from tasks.core.slowness import CostModel, fingerprint
+from tasks.core.slowness import CostModel, confirms_slow, fingerprint
 
 
 def test_cost_model_uses_the_hard_limit_until_warmed_up() -> None:
@@ -36,6 +36,25 @@ def test_cost_model_follows_a_changing_device() -> None:
 def test_fingerprint_is_stable_and_model_specific() -> None:
     assert fingerprint("minilm", "x") == fingerprint("minilm", "x")
     assert fingerprint("minilm", "x") != fingerprint("synthetic", "x")
+
+
+def test_fingerprint_survives_trivial_changes_but_not_real_ones() -> None:
+    same = ["a slow  input", " a slow input\n", "a\u00a0slow input", "a slow input\t"]
+    assert len({fingerprint("m", t) for t in same}) == 1
+    assert fingerprint("m", "cafe\u0301") == fingerprint("m", "caf\u00e9"), "composed and decomposed accents"
+    assert fingerprint("m", "a slow input") != fingerprint("m", "a slower input")
+    assert fingerprint("m", ["q", "a  passage"]) == fingerprint("m", ["q", "a passage"]), "texts inside JSON too"
+
+
+def test_an_input_is_slow_only_against_the_device_now() -> None:
+    # A busy machine: the suspect and its batch-mate, both alone, both slow alike.
+    assert confirms_slow((10, 0.40), (10, 0.35), factor=4, floor_s=0.05) == (False, pytest.approx(0.40 / 0.35))
+    # A slow input: 20 times its batch-mate's rate per padded token, on the same device.
+    slow, ratio = confirms_slow((10, 0.40), (20, 0.04), factor=4, floor_s=0.05)
+    assert slow and ratio == pytest.approx(20.0)
+    # Under the floor nothing is slow: tiny runs jitter by milliseconds.
+    assert confirms_slow((10, 0.01), (10, 0.001), factor=4, floor_s=0.05)[0] is False
+    assert confirms_slow((10, 1.0), (0, 0.0), factor=4, floor_s=0.05) == (False, 0.0)
 
 
 def test_circuit_opens_after_threshold_and_half_opens_after_cooldown() -> None:
