@@ -30,8 +30,11 @@ LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 
 def skewed(seconds: int) -> dict[str, str]:
-    """The environment that shifts a process's wall clock (not its monotonic clock)."""
-    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": f"{seconds:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    """The environment that shifts a process's clocks by `seconds`, but not file times:
+    gunicorn's arbiter reads its workers' liveness from a file's mtime. The monotonic
+    clock moves with the wall clock (by a constant, so every duration is unchanged):
+    sleeping fails under libfaketime when only the wall clock is shifted."""
+    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": f"{seconds:+d}s", "NO_FAKE_STAT": "1"}
 
 
 @pytest.fixture(scope="module")
