@@ -14,42 +14,9 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from tasks.protocol.names import BATCH_QUEUE, CONTROL_QUEUE, device_queue_name
-
-
-def _celery(app: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", app, *args]
-
-
-def _loglevel(given: str | None) -> str:
-    # The same LOG_LEVEL that Django's logging uses (settings.py), so one variable
-    # quiets every process: the benchmark runs all systems at WARNING.
-    return given or os.environ.get("LOG_LEVEL", "INFO")
-
-
-def collector_command(*, name: str = "collector", loglevel: str | None = None) -> list[str]:
-    """A collector. Any number may run: one is active (it holds the lease), the others
-    stand by to take over (tasks/store/lease.py)."""
-    loglevel = _loglevel(loglevel)
-    return _celery(
-        "tasks.collector.worker", "worker", "-n", f"{name}@%h", "-Q", CONTROL_QUEUE,
-        "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle", "-l", loglevel,
-    )  # fmt: skip
-
-
-def device_command(device: str, *, preload: str | None = None, loglevel: str | None = None) -> list[str]:
-    loglevel = _loglevel(loglevel)
-    # Solo pool, one process, prefetch 1: the worker takes the next batch only when it
-    # has finished the last, which is what makes dispatch worker-pull.
-    queues = f"{BATCH_QUEUE},{device_queue_name(device)}"
-    cmd = _celery(
-        "gpu_workers.worker", "worker", "--device", device, "-n", f"gpu-{device.replace(':', '')}@%h", "-Q", queues,
-        "-P", "solo", "-c", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", loglevel,
-    )  # fmt: skip
-    if preload:
-        cmd += ["--preload", preload]
-    return cmd
-
+# The workers' command lines live in the package, where `manage.py batching_worker`
+# builds them for any Django project; this module adds the site's own processes.
+from tasks.processes import celery_command, collector_command, device_command  # noqa: F401
 
 #: The path Flower is served under behind the front door (batching_site/deploy/Caddyfile).
 FLOWER_PREFIX = "flower"
@@ -61,7 +28,7 @@ CADDYFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deploy", "
 def flower_command(*, port: int = 5555, behind_proxy: bool = False) -> list[str]:
     """Flower on loopback. `behind_proxy`: under /flower/, where the front door lets only
     staff in and refuses its control API."""
-    cmd = _celery("batching_site", "flower", f"--port={port}", "--address=127.0.0.1")
+    cmd = celery_command("batching_site", "flower", f"--port={port}", "--address=127.0.0.1")
     if behind_proxy:
         cmd.append(f"--url_prefix={FLOWER_PREFIX}")
     return cmd

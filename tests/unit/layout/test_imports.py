@@ -19,7 +19,15 @@ PACKAGES = ("batching_site", "tasks", "gpu_workers")
 #: The first prefix that matches a module names its layer.
 LAYERS: list[tuple[str, ...]] = [
     ("batching_site",),
-    ("tasks.admin", "tasks.management", "tasks.models", "tasks.apps", "tasks.checks", "tasks.migrations"),
+    (
+        "tasks.admin",
+        "tasks.management",
+        "tasks.models",
+        "tasks.apps",
+        "tasks.checks",
+        "tasks.migrations",
+        "tasks.processes",
+    ),
     ("tasks.collector", "tasks.edge", "gpu_workers"),
     ("tasks.metrics",),
     ("tasks.store",),
