@@ -77,8 +77,16 @@ class DeviceRunner:
         runner = self._models.get(name)
         if runner is None:
             t0 = time.perf_counter()
-            runner = self._models[name] = get_spec(name).load(self.device)
+            spec = get_spec(name)
+            runner = self._models[name] = spec.load(self.device)
             log.info("loaded model %s on %s in %.1fs", name, self.device, time.perf_counter() - t0)
+            if getattr(spec, "probe", False) and hasattr(runner, "probe_budget"):
+                log.info(
+                    "model %s on %s: a padded-token budget of %d fits free memory (per_model max_batch_tokens)",
+                    name,
+                    self.device,
+                    runner.probe_budget(),
+                )
         return runner
 
     def close(self) -> None:

@@ -1,0 +1,149 @@
+"""How every built-in adapter runs a batch on its device, whatever the model.
+
+A subclass says how to load its model and how to turn a batch of inputs into one
+tensor with a row per input; this class does the rest the same way for all of them:
+inference mode, half precision on CUDA when configured, one copy of the output to the
+host per batch, the cache given back after an out-of-memory error, and the probe for
+the largest padded-token budget that fits the device.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..base import BatchRunner
+from .common import torch_device_for, torch_threads_for
+from .probe import largest_fitting
+
+__all__ = ["PROBE_HEADROOM", "PROBE_MAX_BATCH", "TorchRunner", "is_out_of_memory"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+#: Most rows of longest inputs the probe tries in one batch.
+PROBE_MAX_BATCH = 512
+#: Part of the probed budget kept back: the probe's trial batches ran on a device with
+#: nothing else on it, and the allocator fragments as batches of other shapes come.
+PROBE_HEADROOM = 0.1
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError))
+
+
+class TorchRunner(BatchRunner):
+    def __init__(
+        self,
+        device: str,
+        *,
+        max_tokens: int,
+        dtype: str | None = None,
+        decimals: int = 8,
+        warm_up: Any = None,
+        longest: Any = None,
+    ) -> None:
+        self.device = device
+        self.torch_device = torch.device(torch_device_for(device))
+        self.cuda = self.torch_device.type == "cuda"
+        self.max_tokens = max_tokens
+        self.decimals = decimals
+        self._longest = longest
+        self.dtype: torch.dtype | None = None
+        if self.cuda:
+            self.dtype = _DTYPES[dtype] if dtype else None
+        else:
+            # Process-wide; only CPU workers set it, so a GPU worker keeps torch's
+            # default for its small host-side work.
+            torch.set_num_threads(torch_threads_for())
+            if dtype:
+                log.info("%s on %s: dtype %s is for CUDA devices; running float32", type(self).__name__, device, dtype)
+        # A model is not documented as safe to call from two threads; one batch at a time.
+        self._lock = threading.Lock()
+        model = self.load_model()
+        if self.dtype is not None:
+            model.to(self.dtype)
+        model.eval()
+        self._model: Any = model
+        if warm_up is not None:
+            # The first forward pass pays for lazy allocations and kernel selection;
+            # pay it now rather than in the first caller's latency.
+            self.run_batch([warm_up])
+
+    @abc.abstractmethod
+    def load_model(self) -> Any:
+        """The model, on ``self.torch_device``, in float32."""
+
+    @abc.abstractmethod
+    def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
+        """One row per input, in order, on the device. A row must not depend on its
+        batch-mates: padding is masked."""
+
+    def answers(self, rows: list[Any], inputs: list[Any]) -> list[Any]:
+        """The JSON answers from the rows (nested lists of floats, already rounded)."""
+        return rows
+
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        if not inputs:
+            return []
+        batch = list(inputs)
+        with self._lock:
+            model = self._model
+            if model is None:
+                raise RuntimeError(f"{type(self).__name__} on {self.device} is closed")
+            with torch.inference_mode():
+                out = self.forward(model, batch)
+                # One copy to the host for the whole batch: a copy per row would wait on
+                # the device once per input.
+                host = out.to(device="cpu", dtype=torch.float64)
+        rows = host.round(decimals=self.decimals).tolist()
+        return self.answers(rows, batch)
+
+    def after_failure(self, exc: BaseException) -> None:
+        # The allocator keeps the failed batch's blocks cached; give them back so the
+        # smaller retries see the memory the big batch could not get.
+        if self.cuda and isinstance(exc, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+
+    def probe_budget(self, *, max_batch: int = PROBE_MAX_BATCH, headroom: float = PROBE_HEADROOM) -> int:
+        """The largest padded-token budget that fits this device now: batches of inputs
+        of ``max_tokens`` tokens each, bisected over their size until one runs out of
+        memory, less ``headroom``. Use it as this model's ``max_batch_tokens``.
+
+        A budget of ``max_batch * max_tokens`` (less headroom) means the cap was reached,
+        not memory: on a CPU that is the usual answer, since RAM seldom runs out first."""
+
+        def fits(rows: int) -> bool:
+            try:
+                self.run_batch([self._longest] * rows)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self.after_failure(exc)
+                return False
+            return True
+
+        if self.cuda:
+            torch.cuda.empty_cache()
+        rows = largest_fitting(fits, max_batch)
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return int(rows * self.max_tokens * (1.0 - headroom))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._model is None:
+                return
+            self._model = None
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._model is None else "open"
+        return f"<{type(self).__name__} {self.device} ({self.torch_device}) {state}>"
