@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks.processes import collector_command, device_command
 
@@ -52,9 +52,13 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The worker's environment: this one, with the settings module named and the
     project importable wherever the worker starts (`python -m celery` puts only the
     current directory on its path, and manage.py may have been run from elsewhere)."""
+    module = settings.SETTINGS_MODULE
+    if not module:
+        # settings.configure() in this process: a worker would have no way to the same.
+        raise CommandError("the workers read settings from a module: set DJANGO_SETTINGS_MODULE or pass --settings")
     env = dict(environ)
-    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
-    root = project_root(settings.SETTINGS_MODULE)
+    env["DJANGO_SETTINGS_MODULE"] = module
+    root = project_root(module)
     if root is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
