@@ -82,6 +82,11 @@ def direct(tiny: TinyModels) -> Direct:
     return Direct(tiny, max_tokens=MAX_TOKENS)
 
 
+@pytest.fixture(scope="module")
+def token(system: LocalSystem) -> str:
+    return api_token(system)
+
+
 def test_answers_through_the_pipeline_equal_direct_calls(system: LocalSystem, here: None, direct: Direct) -> None:
     calls = {
         "tiny-classifier": (TEXTS, direct.classify),
@@ -121,9 +126,8 @@ def _wait_answer(system: LocalSystem, token: str, request_id: str) -> Any:
 
 
 def test_the_classifier_and_the_reranker_answer_over_http_in_their_own_shapes(
-    system: LocalSystem, direct: Direct
+    system: LocalSystem, token: str, direct: Direct
 ) -> None:
-    token = api_token(system)
     texts = ["a wonderful day", "a terrible, horrible, no good day at all"]
     status, body = http(system, "POST", "/api/v1/models/tiny-classifier/requests", {"inputs": texts}, token=token)
     assert status == 202, body
@@ -160,8 +164,8 @@ def _input_schema(document: dict[str, Any], model: str) -> dict[str, Any]:
     return schema
 
 
-def test_the_openapi_document_shows_each_models_operation_and_input(system: LocalSystem) -> None:
-    status, document = http(system, "GET", "/api/v1/openapi.json", token=api_token(system))
+def test_the_openapi_document_shows_each_models_operation_and_input(system: LocalSystem, token: str) -> None:
+    status, document = http(system, "GET", "/api/v1/openapi.json", token=token)
     assert status == 200
     pair = _input_schema(document, "tiny-reranker")
     assert pair["type"] == "array" and pair["minItems"] == pair["maxItems"] == 2
@@ -170,7 +174,7 @@ def test_the_openapi_document_shows_each_models_operation_and_input(system: Loca
     for model in ("tiny-embedder", "tiny-module"):
         assert f"/api/v1/models/{model}/requests" in document["paths"]
 
-    status, models = http(system, "GET", "/api/v1/models", token=api_token(system))
+    status, models = http(system, "GET", "/api/v1/models", token=token)
     assert status == 200
     by_name = {m["name"]: m for m in models}  # type: ignore[attr-defined]
     assert set(by_name["tiny-classifier"]["output"]["properties"]) == {"label", "score", "scores"}

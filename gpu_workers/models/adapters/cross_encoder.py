@@ -75,7 +75,10 @@ class CrossEncoderSpec(TokenizedSpec):
 
     def validate_input(self, value: object) -> list[str]:
         if not isinstance(value, (list, tuple)) or len(value) != 2:
-            got = f"{len(value)} items" if isinstance(value, (list, tuple)) else f"a {type(value).__name__}"
+            if isinstance(value, (list, tuple)):
+                got = f"{len(value)} item{'' if len(value) == 1 else 's'}"
+            else:
+                got = f"a {type(value).__name__}"
             raise TypeError(f"{self.name} takes a [query, passage] pair (a JSON array of two texts), got {got}")
         for what, text in zip(("query", "passage"), value, strict=True):
             if not isinstance(text, str):

@@ -224,7 +224,7 @@ def test_truncate_cuts_the_passage_and_keeps_the_query(specs: dict[str, Any]) ->
     ("value", "says"),
     [
         ("a text", "takes a [query, passage] pair (a JSON array of two texts), got a str"),
-        (["only a query"], "got 1 items"),
+        (["only a query"], "got 1 item"),
         (["a", "b", "c"], "got 3 items"),
         ({"query": "a", "passage": "b"}, "got a dict"),
         ([1, "a passage"], "the query must be a text (a JSON string), got int"),
