@@ -12,7 +12,7 @@ from celery import Celery
 from django.conf import settings
 
 from tasks.core.circuit import CircuitBreaker
-from tasks.protocol.names import BATCH_QUEUE
+from tasks.protocol.names import SHARED_BATCH_QUEUES
 
 from .resend import resend
 
@@ -84,8 +84,10 @@ class DeviceHealth:
         try:
             if on:
                 log.info("device %s circuit half-open: pulling one batch to test it", self.device_id)
-                self.app.control.add_consumer(BATCH_QUEUE, destination=[self.nodename])
-            else:
-                self.app.control.cancel_consumer(BATCH_QUEUE, destination=[self.nodename])
+            for queue in SHARED_BATCH_QUEUES:
+                if on:
+                    self.app.control.add_consumer(queue, destination=[self.nodename])
+                else:
+                    self.app.control.cancel_consumer(queue, destination=[self.nodename])
         except Exception:  # noqa: BLE001 - the bounce still keeps work away
-            log.warning("could not change consuming of %s", BATCH_QUEUE, exc_info=True)
+            log.warning("could not change consuming of %s", ", ".join(SHARED_BATCH_QUEUES), exc_info=True)

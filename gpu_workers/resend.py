@@ -6,11 +6,12 @@ from typing import Any
 
 from celery import Celery
 
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK
+from tasks.protocol.names import BATCH_TASK, batch_queue_name
 
 
 def resend(app: Celery, batch: dict[str, Any], task_id: str) -> None:
-    app.send_task(BATCH_TASK, args=[batch], task_id=task_id, queue=BATCH_QUEUE)
+    """Back on its lane's shared queue."""
+    app.send_task(BATCH_TASK, args=[batch], task_id=task_id, queue=batch_queue_name(batch.get("lane", "normal")))
 
 
 def part(batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str) -> dict[str, Any]:

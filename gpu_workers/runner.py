@@ -61,6 +61,9 @@ class DeviceRunner:
         #: Inputs that made a batch too slow but were no slower than a batch-mate alone:
         #: the device was busy, the input innocent. Not remembered.
         self.suspected = 0
+        #: Per model, the longest input of the last batch that ran in time: the control
+        #: for an input that was too slow with no batch-mate to compare it with.
+        self._reference: dict[str, dict[str, Any]] = {}
         self.watchdog = Watchdog(on_hung=self._hung)
         #: The batch being run and its requests to run, for `_hung`.
         self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
@@ -144,6 +147,8 @@ class DeviceRunner:
             return self.health.bounce(batch)  # the device failed, not these inputs
 
         slow = [r for r, res in zip(live, results, strict=True) if res is SLOW]
+        if live and not slow and not slow_lane and all(not isinstance(res, BaseException) for res in results):
+            self._reference[batch["model"]] = max(live, key=lambda r: r["tokens"])
         unrun = [r for r, res in zip(live, results, strict=True) if res is UNRUN]
         outcomes += [
             self._outcome(r, res, base, isolated=slow_lane)
@@ -289,6 +294,8 @@ class DeviceRunner:
             "device": self.device_id,
             "padded_tokens": batch.get("padded_tokens") or 0,
             "run_ms": base["run_ms"],
+            # The collector's slow lane weighs its share of device time by these.
+            "lane": batch.get("lane", "normal"),
         }
         done_message = wire.event_message(done, EVENTS_QUEUE)
 
@@ -334,7 +341,11 @@ class DeviceRunner:
             confirmed, ratio = False, 0.0
             if control is not None and not isinstance(res, BaseException):
                 confirmed, ratio = confirms_slow(
-                    (r["tokens"], took), control, factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S
+                    (r["tokens"], took),
+                    control,
+                    factor=settings.SLOW_FACTOR,
+                    floor_s=settings.SLOW_FLOOR_S,
+                    expected=self.bisector.costs[model].expected_s,
                 )
             if confirmed:
                 fp = fingerprint(model, r["input"])
@@ -348,14 +359,13 @@ class DeviceRunner:
             outcomes.append(outcome)
         return outcomes, unrun
 
-    def _control(
-        self, model: str, runner: Any, mates: list[dict[str, Any]], until: float
-    ) -> tuple[int, float] | None:
-        """The device's speed now: the longest batch-mate that ran in time, run alone
-        again (its answer is already written; this one is only timed). None without one."""
-        if not mates:
+    def _control(self, model: str, runner: Any, mates: list[dict[str, Any]], until: float) -> tuple[int, float] | None:
+        """The device's speed now: the longest batch-mate that ran in time (else the
+        reference input of an earlier batch), run alone again; its answer is already
+        written, this run is only timed. None without one."""
+        mate = max(mates, key=lambda r: r["tokens"]) if mates else self._reference.get(model)
+        if mate is None:
             return None
-        mate = max(mates, key=lambda r: r["tokens"])
         t0 = time.perf_counter()
         res = self.bisector.run(model, runner, [mate], slow_lane=True, until=until)[0]
         took = time.perf_counter() - t0

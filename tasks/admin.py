@@ -31,6 +31,7 @@ class BatchingPolicyAdmin(admin.ModelAdmin):
         ("Fair shares", {"fields": (*(f"weight_{p}" for p in PRIORITIES), "aging_ms")}),
         ("Admission", {"fields": tuple(f"queue_cap_{p}" for p in PRIORITIES)}),
         ("Oversized requests and deadlines", {"fields": ("oversized", "default_deadline_s")}),
+        ("Slow lane", {"fields": ("slow_lane", "slow_lane_share")}),
         ("Per model", {"fields": ("per_model",)}),
         ("Version", {"fields": ("version", "updated_at", "recent_changes")}),
     )

@@ -46,6 +46,8 @@ POLICY_FIELDS: tuple[str, ...] = (
     *(f"queue_cap_{p}" for p in PRIORITIES),
     "oversized",
     "default_deadline_s",
+    "slow_lane",
+    "slow_lane_share",
     "per_model",
 )
 
@@ -191,6 +193,25 @@ class BatchingPolicy(models.Model):
             "as the backlog lasts."
         ),
     )
+    slow_lane = models.CharField(
+        "slow lane",
+        max_length=8,
+        choices=[
+            ("share", "share: slow inputs also run while others wait, up to their share of device time"),
+            ("idle", "idle: slow inputs run only while nobody else waits"),
+        ],  # the same names as tasks.core.policy.SLOW_LANE_POLICIES (checked in tests)
+        default=_DEFAULT.slow_lane,
+        help_text=(
+            "When inputs known to be slow may take a device. 'share' always moves them, and normal traffic "
+            "gives up at most the share below; 'idle' never queues normal traffic behind them, but under "
+            "sustained load they wait until their deadline."
+        ),
+    )
+    slow_lane_share = models.FloatField(
+        "slow lane's share",
+        default=_DEFAULT.slow_lane_share,
+        help_text="Under 'share': the most device time the slow lane takes over a minute while others wait, in (0, 1].",
+    )
     per_model = models.JSONField(
         "per-model batch limits",
         default=dict,
@@ -235,13 +256,23 @@ class BatchingPolicy(models.Model):
             queue_caps={p: getattr(self, f"queue_cap_{p}") for p in PRIORITIES},
             oversized=self.oversized,
             default_deadline_s=self.default_deadline_s,
+            slow_lane=self.slow_lane,
+            slow_lane_share=self.slow_lane_share,
             per_model=self.per_model or {},
             version=self.version,
         )
 
     def set_policy(self, policy: BatchPolicy) -> None:
         """Copy every knob of `policy` onto this row (not its version: saving sets that)."""
-        for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "aging_ms", "oversized"):
+        for name in (
+            "max_batch_size",
+            "max_batch_tokens",
+            "max_wait_ms",
+            "aging_ms",
+            "oversized",
+            "slow_lane",
+            "slow_lane_share",
+        ):
             setattr(self, name, getattr(policy, name))
         self.default_deadline_s = policy.default_deadline_s
         self.per_model = policy.per_model

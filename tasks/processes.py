@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .protocol.names import BATCH_QUEUE, CONTROL_QUEUE, device_queue_name
+from .protocol.names import CONTROL_QUEUE, SHARED_BATCH_QUEUES, device_queue_name
 
 
 def celery_command(app: str, *args: str) -> list[str]:
@@ -40,7 +40,7 @@ def device_command(device: str, *, preload: str | None = None, loglevel: str | N
     level = log_level(loglevel)
     # Solo pool, one process, prefetch 1: the worker takes the next batch only when it
     # has finished the last, which is what makes dispatch worker-pull.
-    queues = f"{BATCH_QUEUE},{device_queue_name(device)}"
+    queues = ",".join([*SHARED_BATCH_QUEUES, device_queue_name(device)])
     cmd = celery_command(
         "gpu_workers.worker", "worker", "--device", device, "-n", f"gpu-{device.replace(':', '')}@%h", "-Q", queues,
         "-P", "solo", "-c", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", level,

@@ -131,6 +131,13 @@ class SnapshotCollector(Collector):
 
         collector = s.collector or {}
         alive = bool(collector) and s.at - float(collector.get("at", 0)) < HEARTBEAT_TTL_S
+        lane = collector.get("slow_lane") or {}
+        for name, key, doc in (
+            ("batching_slow_lane_depth", "depth", "Known-slow inputs waiting in the slow lane."),
+            ("batching_slow_lane_oldest_wait_seconds", "oldest_wait_s", "How long the slow lane's oldest has waited."),
+            ("batching_slow_lane_device_share", "device_share", "The slow lane's share of device time, last minute."),
+        ):
+            yield GaugeMetricFamily(name, doc, value=float(lane.get(key) or 0.0))
         yield GaugeMetricFamily(
             "batching_collector_up", "1 while the collector heartbeats.", value=1.0 if alive else 0.0
         )

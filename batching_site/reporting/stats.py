@@ -189,6 +189,9 @@ def build(
             "policy_version": collector.get("policy_version"),
             "outstanding": collector.get("outstanding"),
         },
+        # Known-slow inputs waiting apart (tasks/core/slowlane.py): how many, the oldest's
+        # wait, and the lane's share of device time over the last minute.
+        "slow_lane": collector.get("slow_lane") or {"depth": 0, "oldest_wait_s": 0.0, "device_share": 0.0},
         "slo": evaluate_slo(slo, wait=wait, minute=minute, devices=devices, collector_up=collector_up),
         "series": chart_series(series, since=since),
         "recent": {"failed": snap.recent_failed, "slow": snap.recent_slow},

@@ -96,6 +96,11 @@ def heartbeat(c: Collector, r: Any) -> dict[str, int]:
             "devices": c.devices,
             "outstanding": len(c.slots),
             "buffered": buffered,
+            "slow_lane": {
+                "depth": len(c.slow_lane),
+                "oldest_wait_s": round(c.slow_lane.oldest_wait_s(), 3),
+                "device_share": round(c.slow_lane.share(), 4),
+            },
             "stats": c.stats,
             "at": clock.now(),
         },

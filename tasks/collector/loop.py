@@ -43,6 +43,7 @@ from ..core.errors import DeadlineExceeded
 from ..core.policy import BatchPolicy
 from ..core.scheduler import Batch, Item, Scheduler
 from ..core.slots import Slots
+from ..core.slowlane import SlowLane
 from ..core.slowness import fingerprint
 from ..protocol import wire
 from ..protocol.names import EVENTS_QUEUE
@@ -79,6 +80,8 @@ class Collector:
         self.held: dict[str, Item[Held]] = {}
         self.slots = Slots(self.clock.now)
         self.slow_inputs: set[str] = set()
+        #: Known-slow inputs wait here, apart, until the policy lets one take a device.
+        self.slow_lane: SlowLane[Held] = SlowLane(self.clock.now)
         self.devices = 0
         self.stats = {"dispatched_batches": 0, "dispatched_requests": 0, "expired": 0, "rejected": 0, "rounds": 0}
         self.outcomes = OutcomeWriter(app)
@@ -220,6 +223,9 @@ class Collector:
                 request_queues.ack(self.redis, self._token(), [(priority, bad_id)])
             self.stats["rejected"] += 1
             return
+        if slow and self.slow_lane.add(request.model, item):
+            self.held[task_id] = item
+            return
         sched = self.schedulers.get(request.model)
         if sched is None:
             sched = self.schedulers[request.model] = Scheduler(self.policy.for_model(request.model), self.clock.now)
@@ -233,9 +239,9 @@ class Collector:
             return
         kind = body.get("kind")
         if kind == "done":
-            self.slots.done(
-                body.get("batch_id"), int(body.get("padded_tokens") or 0), float(body.get("run_ms") or 0) / 1000
-            )
+            run_s = float(body.get("run_ms") or 0) / 1000
+            self.slots.done(body.get("batch_id"), int(body.get("padded_tokens") or 0), run_s)
+            self.slow_lane.ran(str(body.get("lane") or "normal"), run_s)
         elif kind == "slow":
             self.slow_inputs.add(str(body.get("fingerprint")))
         elif kind == "hello":
@@ -254,6 +260,13 @@ class Collector:
             if batch is None:
                 break
             formed.append(batch)
+        # A free device left over may take a slow input, if the lane's policy says so.
+        while self.slow_lane and (self._free_slots() > len(formed) or (force and self.devices)):
+            others = any(len(sched) for sched in self.schedulers.values())
+            slow = self.slow_lane.next_batch(self.policy, others_waiting=others)
+            if slow is None:
+                break
+            formed.append(slow)
         if formed:
             self._send(formed)
 
@@ -284,7 +297,7 @@ class Collector:
             self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)
 
     def _expire(self) -> None:
-        expired: list[Item[Held]] = []
+        expired: list[Item[Held]] = self.slow_lane.expire()
         for sched in self.schedulers.values():
             expired.extend(sched.expire())
         if not expired:

@@ -11,7 +11,7 @@ from django.conf import settings
 from ..core.scheduler import Batch
 from ..protocol import events as flower_events
 from ..protocol import wire
-from ..protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
+from ..protocol.names import BATCH_TASK, batch_queue_name, device_queue_name
 from ..store import clock, request_queues
 from ..store.lease import Lease, LeaseLost
 from . import rounds
@@ -48,6 +48,14 @@ def batch_body(model: str, batch: Batch[Held]) -> dict[str, Any]:
     }
 
 
+def _shown(body: dict[str, Any]) -> str:
+    """What Flower shows as a batch's arguments: its size, and why a slow-lane batch
+    runs alone."""
+    if body["lane"] == "slow":
+        return "<slow lane: an input confirmed too slow to share a batch, run alone>"
+    return f"<batch of {len(body['requests'])}>"
+
+
 class Outbox:
     def __init__(self, app: Celery, redis: Any, lease: Lease | None = None, *, dispatch: str = "pull") -> None:
         self.app = app
@@ -64,12 +72,12 @@ class Outbox:
         hashes, in one script. Returns True if they went as a round."""
         if self.lease is None or self.lease.token is None:
             raise LeaseLost("only the active collector dispatches")
-        argsrepr = [f"<batch of {len(b['requests'])}>" for b in bodies]
-        queues = [self.queue() for _ in bodies]
+        argsrepr = [_shown(b) for b in bodies]
+        queues = [self.queue(b["lane"]) for b in bodies]
         events = None
         if settings.CELERY_TASK_SEND_SENT_EVENT:
             sent = [(b["batch_id"], r) for b, r in zip(bodies, argsrepr, strict=True)]
-            events = flower_events.sent(self.app, BATCH_TASK, sent, queues[0])
+            events = flower_events.sent(self.app, BATCH_TASK, sent, queues)
         if len(bodies) == 1:
             # No caller waits on a lone batch's own result (each request has its own), so
             # the device does not store one; a round's batches keep theirs for the chord.
@@ -86,12 +94,12 @@ class Outbox:
         request_queues.dispatch(self.redis, self.lease.token, messages, items, events, chord)
         return True
 
-    def queue(self) -> str:
+    def queue(self, lane: str = "normal") -> str:
         # BASELINE ONLY (COLLECTOR_DISPATCH=push, for bench/devices_bench.py): deal batches
         # round-robin onto the devices' own queues, the coordinator-push design that
-        # worker-pull replaces. Pull sends everything to `batches`.
+        # worker-pull replaces. Pull sends a lane's batches to its shared queue.
         if self.dispatch != "push" or not self.device_names:
-            return BATCH_QUEUE
+            return batch_queue_name(lane)
         name = self.device_names[self._pushed % len(self.device_names)]
         self._pushed += 1
         return device_queue_name(name)

@@ -93,7 +93,7 @@ def round_messages(
                 body["batch_id"],
                 [body],
                 queue,
-                argsrepr=f"<batch of {len(body['requests'])}>",
+                argsrepr=f"<batch of {len(body['requests'])}>" if body.get("lane") != "slow" else "<slow lane>",
                 group_id=group_id,
                 group_index=i,
                 chord=callback,

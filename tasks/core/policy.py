@@ -13,6 +13,8 @@ from typing import Any
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 OVERSIZED_ACTIONS: tuple[str, ...] = ("reject", "truncate", "run_alone")
+#: How the slow lane takes devices (tasks/core/slowlane.py).
+SLOW_LANE_POLICIES: tuple[str, ...] = ("share", "idle")
 #: The limits a model may set for itself (BatchPolicy.per_model).
 MODEL_LIMITS: tuple[str, ...] = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 
@@ -48,6 +50,12 @@ class BatchPolicy:
     #: Deadline for requests that set none, in seconds; None means no deadline. Finite
     #: by default, so a caller blocked on `.get()` with no timeout is always answered.
     default_deadline_s: float | None = 300.0
+    #: When inputs known to be slow may take a device (tasks/core/slowlane.py): "idle",
+    #: only while nobody else waits; "share", also while others wait, up to
+    #: `slow_lane_share` of the device time.
+    slow_lane: str = "share"
+    #: The most device time the slow lane takes while other requests wait, (0, 1].
+    slow_lane_share: float = 0.2
     #: Per-model batch limits over the ones above: model name -> any of
     #: max_batch_size, max_batch_tokens, max_wait_ms. A 7B classifier and MiniLM need
     #: different batches; a batch never mixes models.
@@ -67,6 +75,11 @@ class BatchPolicy:
         if self.default_deadline_s is not None:
             _check_number("default_deadline_s", self.default_deadline_s, 0.001)
         _check_int("version", self.version, 0)
+        if self.slow_lane not in SLOW_LANE_POLICIES:
+            raise ValueError(f"slow_lane must be one of {', '.join(SLOW_LANE_POLICIES)}, got {self.slow_lane!r}")
+        _check_number("slow_lane_share", self.slow_lane_share, 0.01)
+        if self.slow_lane_share > 1:
+            raise ValueError(f"slow_lane_share must be a fraction in (0, 1], got {self.slow_lane_share}")
         if not isinstance(self.per_model, dict):
             raise ValueError(f"per_model must map model names to limits, got {self.per_model!r}")
         for model, limits in self.per_model.items():

@@ -1,9 +1,9 @@
 """How long a batch should take, when it is too slow, and when an input is slow in itself.
 
 A batch's cost is its padded tokens (count x longest), because that is what the device
-computes. `CostModel` learns seconds per padded token (plus a fixed per-batch overhead)
-from batches that ran, with an exponentially weighted average, and turns that into an
-expected time and a time limit for the next batch. Pure: it never reads a clock; the
+computes. `CostModel` learns a fixed per-batch overhead and seconds per padded token
+from batches that ran (an exponentially weighted least-squares line), and turns that
+into an expected time and a time limit for the next batch. Pure: it never reads a clock; the
 caller reports measured durations.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -29,8 +30,10 @@ class CostModel:
     warmup: int = 5
 
     def __post_init__(self) -> None:
-        self._per_token_s: float | None = None
-        self._overhead_s = 0.0
+        # Exponentially weighted sums for a least-squares line t = overhead + p x rate:
+        # weight, p, t, p*p, p*t. A line, not a rate through zero, because a batch has a
+        # fixed cost too (kernel launches, the hand-off), which dominates small batches.
+        self._sums = [0.0] * 5
         self.observed = 0
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
@@ -38,16 +41,31 @@ class CostModel:
         if padded_tokens <= 0 or seconds < 0:
             return
         self.observed += 1
-        rate = seconds / padded_tokens
-        if self._per_token_s is None:
-            self._per_token_s = rate
-        else:
-            self._per_token_s += self.alpha * (rate - self._per_token_s)
+        keep = 1.0 - self.alpha if self.observed > 1 else 0.0
+        p, t = float(padded_tokens), float(seconds)
+        for i, v in enumerate((1.0, p, t, p * p, p * t)):
+            self._sums[i] = keep * self._sums[i] + v
+
+    def line(self) -> tuple[float, float] | None:
+        """(overhead seconds, seconds per padded token) as learned, or None before any."""
+        w, sp, st, spp, spt = self._sums
+        if w <= 0 or sp <= 0:
+            return None
+        spread = w * spp - sp * sp
+        if spread > 1e-9 * w * spp:
+            rate = (w * spt - sp * st) / spread
+            overhead = (st - rate * sp) / w
+            if rate > 0 and overhead >= 0:
+                return overhead, rate
+        # Batches all of one cost (or a fit that makes no physical sense): a rate alone.
+        return 0.0, st / sp
 
     def expected_s(self, padded_tokens: int) -> float | None:
-        if self._per_token_s is None:
+        line = self.line()
+        if line is None:
             return None
-        return self._overhead_s + padded_tokens * self._per_token_s
+        overhead, rate = line
+        return overhead + padded_tokens * rate
 
     def limit_s(self, padded_tokens: int) -> float:
         """How long a batch of this cost may run before it counts as slow."""
@@ -58,17 +76,27 @@ class CostModel:
 
 
 def confirms_slow(
-    suspect: tuple[int, float], control: tuple[int, float], *, factor: float, floor_s: float
+    suspect: tuple[int, float],
+    control: tuple[int, float],
+    *,
+    factor: float,
+    floor_s: float,
+    expected: Callable[[int], float | None] | None = None,
 ) -> tuple[bool, float]:
     """Is an input slow in itself, or was the device just slow? Both ran alone, one
     right after the other, on the same device: `suspect` (padded tokens, seconds) and
-    `control`, a batch-mate that ran in time. Judged per padded token against the
-    control, the device's speed now, whatever it was when it was idle: a busy machine
-    slows both alike. Returns (slow, how many times the control's rate it ran at)."""
+    `control`, an input that ran in time. Each is measured against what the cost model
+    expects for its size (`expected`, seconds for padded tokens; per token when there is
+    none), and the suspect against the control: the device's speed now, whatever it was
+    when the model learned. A busy machine slows both alike. Returns (slow, how many
+    times the control's slowdown the suspect's was)."""
     (p_s, t_s), (p_c, t_c) = suspect, control
     if p_s <= 0 or p_c <= 0 or t_c <= 0:
         return False, 0.0
-    ratio = (t_s / p_s) / (t_c / p_c)
+    e_s, e_c = (expected(p_s), expected(p_c)) if expected is not None else (None, None)
+    if not e_s or not e_c:
+        e_s, e_c = float(p_s), float(p_c)
+    ratio = (t_s / e_s) / (t_c / e_c)
     return (t_s >= floor_s and ratio >= factor), ratio
 
 

@@ -11,7 +11,6 @@ import redis
 
 from ..core.histogram import WAIT_BOUNDS_S, Histogram
 from ..protocol.names import (
-    BATCH_QUEUE,
     COLLECTOR_KEY,
     METRICS_COUNTERS_KEY,
     METRICS_HIST_PREFIX,
@@ -22,6 +21,7 @@ from ..protocol.names import (
     METRICS_RUN_DEVICES_KEY,
     METRICS_SERIES_KEY,
     PRIORITIES,
+    SHARED_BATCH_QUEUES,
     device_queue_name,
     request_queue_name,
 )
@@ -74,7 +74,7 @@ def read(r: redis.Redis | None = None, *, series: bool = True) -> Snapshot:
     devices = shared_state.live_devices(r)
     run_devices = sorted(d.decode() if isinstance(d, bytes) else d for d in r.smembers(METRICS_RUN_DEVICES_KEY))
 
-    queues = [request_queue_name(p) for p in PRIORITIES] + [BATCH_QUEUE]
+    queues = [request_queue_name(p) for p in PRIORITIES] + list(SHARED_BATCH_QUEUES)
     queues += sorted({device_queue_name(str(info.get("device"))) for info in devices.values() if info.get("device")})
     pipe = r.pipeline(transaction=False)
     pipe.hgetall(METRICS_COUNTERS_KEY)

@@ -13,7 +13,7 @@ import threading
 from celery import Celery
 from django.utils.module_loading import import_string
 
-from .names import BATCH_QUEUE, BATCH_TASK, CONTROL_QUEUE, PRIORITIES, ROUND_TASK, request_queue_name
+from .names import BATCH_QUEUE, BATCH_TASK, CONTROL_QUEUE, PRIORITIES, ROUND_TASK, SLOW_BATCH_QUEUE, request_queue_name
 from .wire import kombu_queue
 
 #: The modules that define the batching tasks, imported by every worker at start. By
@@ -51,6 +51,7 @@ def configure(app: Celery) -> Celery:
     app.conf.include = [*app.conf.include, *(m for m in TASK_MODULES if m not in app.conf.include)]
     app.conf.task_queues = [kombu_queue(request_queue_name(p)) for p in PRIORITIES] + [
         kombu_queue(BATCH_QUEUE),
+        kombu_queue(SLOW_BATCH_QUEUE),
         kombu_queue(CONTROL_QUEUE),
     ]
     app.conf.task_default_queue = CONTROL_QUEUE

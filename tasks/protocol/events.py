@@ -87,11 +87,13 @@ class Events:
                 pipe.publish(topic, message)
 
 
-def sent(app: Celery, name: str, entries: Sequence[tuple[str, str]], queue: str) -> Events:
-    """task-sent for each (task id, argsrepr) queued on `queue` without `send_task`."""
+def sent(app: Celery, name: str, entries: Sequence[tuple[str, str]], queue: str | Sequence[str]) -> Events:
+    """task-sent for each (task id, argsrepr) queued on `queue` (one for all, or one
+    each) without `send_task`."""
     events = Events(app)
     now = time.time()
-    for task_id, argsrepr in entries:
+    queues = [queue] * len(entries) if isinstance(queue, str) else list(queue)
+    for (task_id, argsrepr), queue in zip(entries, queues, strict=True):
         events.add(
             "task-sent",
             uuid=task_id,

@@ -23,6 +23,18 @@ ROUND_TASK = "tasks.round_done"
 
 #: collector -> any device worker.
 BATCH_QUEUE = "batches"
+#: Batches of the slow lane (tasks/core/slowlane.py): inputs known to be slow, one per
+#: batch. Their own queue, so Flower (and anyone) can filter them out by queue.
+SLOW_BATCH_QUEUE = "batches.slow"
+#: Every queue of shared batch work a device worker pulls from.
+SHARED_BATCH_QUEUES: tuple[str, ...] = (BATCH_QUEUE, SLOW_BATCH_QUEUE)
+
+
+def batch_queue_name(lane: str) -> str:
+    """The shared queue of a batch's lane ("normal" or "slow")."""
+    return SLOW_BATCH_QUEUE if lane == "slow" else BATCH_QUEUE
+
+
 #: device workers -> collector ("done", "slow", "hello").
 EVENTS_QUEUE = "collector.events"
 #: Celery's own queue for the collector worker (remote control, round_done).

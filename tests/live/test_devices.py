@@ -28,7 +28,7 @@ from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
 def test_device_worker_pulls_one_batch_at_a_time_from_shared_and_own_queue() -> None:
     cmd = device_command("cuda:1")
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
-    assert cmd[cmd.index("-Q") + 1] == "batches,device.cuda1"
+    assert cmd[cmd.index("-Q") + 1] == "batches,batches.slow,device.cuda1"
     assert cmd[cmd.index("-P") + 1] == "solo"
     assert cmd[cmd.index("-c") + 1] == "1"
     assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"

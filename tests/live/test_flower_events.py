@@ -4,6 +4,7 @@ through real device workers on the live system."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from batching_site.celery import app
-from tasks.edge.client import details, submit
-from tasks.protocol.names import BATCH_TASK, REQUEST_TASK
+from tasks.edge.client import details, submit, submit_many
+from tasks.protocol.names import BATCH_TASK, REQUEST_TASK, SLOW_BATCH_QUEUE
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 
@@ -87,3 +88,29 @@ def test_request_and_batch_tasks_reach_their_final_state_in_the_event_stream(eve
     assert batch is not None and batch.name == BATCH_TASK
     assert _state_of(events, batch.uuid, timeout=10, want="SUCCESS") == "SUCCESS"
     assert batch.sent is not None, "the collector's dispatch transaction publishes the batch's task-sent"
+
+
+def test_slow_lane_batches_show_in_flower_under_their_own_queue(events) -> None:  # type: ignore[no-untyped-def]
+    # Warm the devices' cost models, then let a slow input be found among batch-mates.
+    # Enough batches on each device to pass the cost model's warm-up.
+    for round_ in range(8):
+        for r in submit_many([f"warm the lane {round_} {i} " + "w " * (i % 7) for i in range(40)], model="synthetic"):
+            r.get(timeout=60)
+    slow_text = "a pathological input for the lane !slow " + "y " * 120
+    found = submit_many([*(f"a mate {i} w w" for i in range(15)), slow_text], model="synthetic")
+    for r in found:
+        r.get(timeout=60)
+    assert details(found[-1])["isolated"], json.dumps(details(found[-1]))
+    # Sent again, it waits in the slow lane and runs as a slow-lane batch.
+    deadline = time.monotonic() + 20
+    while True:
+        again = submit(slow_text, model="synthetic")
+        again.get(timeout=60)
+        batch_id = details(again)["batch_id"]
+        if _state_of(events, batch_id, timeout=5, want="SUCCESS") == "SUCCESS":
+            task = events.tasks[batch_id]
+            if task.routing_key == SLOW_BATCH_QUEUE:
+                break
+        assert time.monotonic() < deadline, (details(again), events.tasks.get(batch_id))
+    assert task.name == BATCH_TASK and "slow lane" in (task.args or ""), task.args
+    assert details(again)["isolated"] and details(again)["batch_size"] == 1

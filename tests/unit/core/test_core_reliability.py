@@ -25,6 +25,19 @@ def test_cost_model_uses_the_hard_limit_until_warmed_up() -> None:
     assert m.limit_s(10**9) == 20, "never past the hard limit"
 
 
+def test_cost_model_learns_a_fixed_overhead_and_a_rate() -> None:
+    m = CostModel(alpha=0.1, warmup=0)
+    for p in (10, 200, 50, 400, 20, 100) * 5:
+        m.observe(p, 0.004 + p * 0.0002)
+    overhead, rate = m.line()  # type: ignore[misc]
+    assert overhead == pytest.approx(0.004, rel=0.01) and rate == pytest.approx(0.0002, rel=0.01)
+    # So a short control's time is not mistaken for a slow rate per token.
+    slow, ratio = confirms_slow(
+        (100, 20 * (0.004 + 100 * 0.0002)), (10, 0.006), factor=4, floor_s=0.05, expected=m.expected_s
+    )
+    assert slow and ratio == pytest.approx(20.0, rel=0.01)
+
+
 def test_cost_model_follows_a_changing_device() -> None:
     m = CostModel(alpha=0.5, warmup=0)
     m.observe(100, 1.0)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from celery import Celery
 
 from tasks.protocol.app import TASK_MODULES, configure
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, CONTROL_QUEUE, PRIORITIES, ROUND_TASK, request_queue_name
+from tasks.protocol.names import (
+    BATCH_QUEUE,
+    BATCH_TASK,
+    CONTROL_QUEUE,
+    PRIORITIES,
+    ROUND_TASK,
+    SLOW_BATCH_QUEUE,
+    request_queue_name,
+)
 
 
 def test_a_fresh_app_gets_every_queue_route_and_task_module() -> None:
@@ -13,6 +21,7 @@ def test_a_fresh_app_gets_every_queue_route_and_task_module() -> None:
     assert {q.name for q in app.conf.task_queues} == {
         *(request_queue_name(p) for p in PRIORITIES),
         BATCH_QUEUE,
+        SLOW_BATCH_QUEUE,
         CONTROL_QUEUE,
     }
     assert app.conf.task_routes[BATCH_TASK] == {"queue": BATCH_QUEUE}
