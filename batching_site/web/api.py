@@ -34,6 +34,7 @@ from ninja.utils import check_csrf
 from pydantic import TypeAdapter, create_model, field_validator, model_validator
 
 from gpu_workers.models import get_spec, model_names
+from gpu_workers.models.base import check_text
 from tasks import metrics
 from tasks.core.errors import Overloaded, QuotaExceeded
 from tasks.models import ApiToken
@@ -91,14 +92,6 @@ api = NinjaAPI(
 # --- schemas -----------------------------------------------------------------------------
 
 
-def _utf8(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode (unpaired surrogate at index {exc.start})") from None
-    return text
-
-
 class SubmitIn(Schema):
     """Exactly one of `text`, `texts`, `input` and `inputs`. Each model's own input
     schema is at POST /api/v1/models/{name}/requests and GET /api/v1/models."""
@@ -125,12 +118,12 @@ class SubmitIn(Schema):
     @field_validator("text")
     @classmethod
     def _text_utf8(cls, v: str | None) -> str | None:
-        return None if v is None else _utf8(v)
+        return None if v is None else check_text(v)
 
     @field_validator("texts")
     @classmethod
     def _texts_utf8(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else [_utf8(t) for t in v]
+        return None if v is None else [check_text(t) for t in v]
 
     @model_validator(mode="after")
     def _one_of(self) -> SubmitIn:
