@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gpu_workers.models import model_names
 from tasks.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +47,14 @@ def api_schema(bare_redis):  # type: ignore[no-untyped-def]
     return schemathesis.openapi.from_wsgi("/api/v1/openapi.json", WSGIHandler())
 
 
-OPERATIONS = [("/api/v1/requests", "POST"), ("/api/v1/requests/{request_id}", "GET"), ("/api/v1/stats", "GET")]
+OPERATIONS = [
+    ("/api/v1/requests", "POST"),
+    ("/api/v1/requests/{request_id}", "GET"),
+    ("/api/v1/stats", "GET"),
+    ("/api/v1/models", "GET"),
+    # One typed operation per configured model.
+    *((f"/api/v1/models/{name}/requests", "POST") for name in model_names()),
+]
 
 
 def test_every_operation_is_fuzzed(api_schema) -> None:  # type: ignore[no-untyped-def]

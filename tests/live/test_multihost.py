@@ -110,6 +110,8 @@ class Hosts:
             "DJANGO_SETTINGS_MODULE": "batching_site.settings",
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
+            # A clean environment: the test model is on only when asked for.
+            "BATCHING_TEST_MODELS": "1",
             "DEVICES": host.device,
             **HOST_ENV,
         }

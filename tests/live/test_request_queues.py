@@ -60,7 +60,7 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
     assert message.headers["task"] == REQUEST_TASK and message.headers["id"] == task_id
     assert message.delivery_info["routing_key"] == "requests.high"
     assert message.decode() == [
-        [{"text": "m 0", "priority": "high"}],
+        [{"input": "m 0", "priority": "high"}],
         {},
         {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
     ]
