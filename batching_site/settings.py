@@ -133,7 +133,9 @@ warnings.filterwarnings("ignore", message="No directory at")
 #: Largest request body Django reads, in bytes; a bigger API call gets 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1_048_576)
 #: The dashboard sends people without a session here.
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+#: Where a login with no ?next= lands: the submit page.
+LOGIN_REDIRECT_URL = "/"
 #: Passwords set through createsuperuser, changepassword or the admin's forms must pass
 #: these: not like the username or email, at least 10 characters, not a common password,
 #: not all digits.

@@ -1,6 +1,7 @@
 """Every route in one flat list."""
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from .web import dashboard, gate, views
@@ -17,4 +18,7 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
     path("auth/staff", gate.staff_gate, name="staff-gate"),
+    # Every user's login (the admin's own login form takes staff only).
+    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
 ]

@@ -104,7 +104,7 @@ def submit_texts(
     """The one submit path of the web: the form and the API both come here. Returns the
     new ids in order, or raises what batching_site/web/errors.py maps to HTTP."""
     if not may_submit(user):
-        raise NotLoggedIn("log in to submit: /admin/login/?next=/ (or send an API token)")
+        raise NotLoggedIn("log in to submit: /login/?next=/ (or send an API token)")
     owner, quota = spender(user)
     results = submit_many(texts, priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)  # type: ignore[arg-type]
     ids = [r.id for r in results]

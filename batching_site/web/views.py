@@ -53,7 +53,7 @@ def submit_form(request: HttpRequest) -> JsonResponse:
     """Accept one text from the page; answer 202 with its id, or a 4xx with the reason.
     The same submit path and error map as the API (access.submit_texts, errors.refusal)."""
     if not access.may_submit(request.user):
-        return _refused(access.NotLoggedIn("log in to submit: /admin/login/?next=/"))
+        return _refused(access.NotLoggedIn("log in to submit: /login/?next=/"))
     try:
         data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -77,6 +77,9 @@ MATRIX: dict[str, Row] = {
     # stands for every admin URL.
     "admin/": Row("GET", lambda a: "/admin/", each(302, 302, 302, 200, 302, 302)),
     "auth/staff": Row("GET", lambda a: "/auth/staff", each(401, 403, 403, 204, 401, 401)),
+    "login/": Row("GET", lambda a: "/login/", each(200, 200, 200, 200, 200, 200)),
+    # Last: it ends the sessions the rows above used.
+    "logout/": Row("POST", lambda a: "/logout/", each(302, 302, 302, 302, 302, 302), {}),
 }
 
 
@@ -125,6 +128,17 @@ def call(client: Client, row: Row, a_id: str):  # type: ignore[no-untyped-def]
     return client.get(path)
 
 
+def test_a_user_who_is_not_staff_logs_in_on_the_sites_own_form(django_user_model) -> None:  # type: ignore[no-untyped-def]
+    # The admin's login form takes staff only; /login/ takes every active user.
+    django_user_model.objects.create_user("plain-user", password="a-plain-password-42")
+    browser = Client()
+    assert browser.get("/").status_code == 302
+    reply = browser.post("/login/", {"username": "plain-user", "password": "a-plain-password-42", "next": "/"})
+    assert reply.status_code == 302 and reply["Location"] == "/"
+    assert browser.get("/").status_code == 200
+    assert browser.post("/logout/").status_code == 302 and browser.get("/").status_code == 302
+
+
 def test_authorization_matrix(live_system: object, clients: dict[str, Client]) -> None:
     secret = f"alpha secret {uuid.uuid4().hex}"
     a = clients["user_a"]
@@ -138,6 +152,14 @@ def test_authorization_matrix(live_system: object, clients: dict[str, Client]) -
     for task_id in (a_id, a_failing):
         AsyncResult(task_id).get(timeout=60, propagate=False)
 
+    # What A and staff do see: the answer, and A's failure among the stats' recent ones.
+    assert a.get(f"/api/v1/requests/{a_id}").json()["status"] == "SUCCESS"
+    for caller in ("user_a", "staff"):
+        failed = [e["id"] for e in clients[caller].get("/api/v1/stats").json()["recent"]["failed"]]
+        assert a_failing in failed, caller
+    assert "clients" in clients["staff"].get("/api/v1/stats").json()
+    assert "clients" not in a.get("/api/v1/stats").json()
+
     seen: dict[tuple[str, str], int] = {}
     for route, row in MATRIX.items():
         for caller in CALLERS:
@@ -149,11 +171,3 @@ def test_authorization_matrix(live_system: object, clients: dict[str, Client]) -
                     assert leaked not in body, f"{caller} read A's {leaked!r} at {route}"
     wrong = {k: (v, MATRIX[k[0]].status[k[1]]) for k, v in seen.items() if v != MATRIX[k[0]].status[k[1]]}
     assert wrong == {}, "(route, caller): (got, expected)"
-
-    # What A and staff do see: the answer, and A's failure among the stats' recent ones.
-    assert a.get(f"/api/v1/requests/{a_id}").json()["status"] == "SUCCESS"
-    for caller in ("user_a", "staff"):
-        failed = [e["id"] for e in clients[caller].get("/api/v1/stats").json()["recent"]["failed"]]
-        assert a_failing in failed, caller
-    assert "clients" in clients["staff"].get("/api/v1/stats").json()
-    assert "clients" not in a.get("/api/v1/stats").json()

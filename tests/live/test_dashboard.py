@@ -31,7 +31,7 @@ def wait_ready(result, timeout: float = 60.0) -> None:  # type: ignore[no-untype
 
 def test_dashboard_needs_a_login(client: Client) -> None:
     response = client.get("/dashboard/")
-    assert response.status_code == 302 and response["Location"].startswith("/admin/login/?next=/dashboard/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/?next=/dashboard/")
 
 
 def test_dashboard_links_flower_from_settings_and_loads_nothing_from_outside(client, operator, settings) -> None:  # type: ignore[no-untyped-def]
