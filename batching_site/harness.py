@@ -114,6 +114,24 @@ class LocalSystem:
         env.update(self.extra_env)
         return env
 
+    def user_token(self, username: str, *, quota: dict[str, Any] | None = None) -> str:
+        """A new user of this system's own web process (its own database), with a
+        ClientQuota row when `quota` is given, and a new API token for it."""
+        code = f"from django.contrib.auth.models import User; u = User.objects.create_user({username!r})"
+        if quota:
+            code += f"; from tasks.models import ClientQuota; ClientQuota.objects.create(user=u, **{quota!r})"
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "shell", "-c", code], env=self.env(), check=True, capture_output=True, cwd=_ROOT)
+        out = subprocess.run(
+            [*manage, "create_api_token", username],
+            env=self.env(),
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=_ROOT,
+        ).stdout
+        return out.strip().splitlines()[-1]
+
     def programs(self) -> dict[str, list[str]]:
         """The programs `start` runs: `make run`'s set (processes.programs)."""
         redis = (self._redis_port, self._tmp) if self._redis_port is not None else None

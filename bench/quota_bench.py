@@ -118,27 +118,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
 
-def user_with_token(system: LocalSystem, username: str, quota: dict[str, float] | None = None) -> str:
-    """A user of the system's own web process (its own database) and a new API token."""
-    import subprocess
-
-    code = f"from django.contrib.auth.models import User; u = User.objects.create_user({username!r})"
-    if quota:
-        code += f"; from tasks.models import ClientQuota; ClientQuota.objects.create(user=u, **{quota!r})"
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "shell", "-c", code], env=system.env(), check=True, capture_output=True, cwd=ROOT)
-    out = subprocess.run(
-        [*manage, "create_api_token", username], env=system.env(), check=True, capture_output=True, text=True, cwd=ROOT
-    ).stdout
-    return out.strip().splitlines()[-1]
-
-
 def measure(
     system: LocalSystem, *, requests: int, rate: float, flood_factor: float, progress: bool = True
 ) -> dict[str, Any]:
     quota = {"rate_per_s": rate, "burst": int(2 * rate), "max_in_flight": int(4 * rate), "tier_share": 0.5}
-    a = user_with_token(system, f"flooder-{os.getpid()}-{time.monotonic_ns()}", quota)
-    b = user_with_token(system, f"worker-{os.getpid()}-{time.monotonic_ns()}")
+    a = system.user_token(f"flooder-{os.getpid()}-{time.monotonic_ns()}", quota=quota)
+    b = system.user_token(f"worker-{os.getpid()}-{time.monotonic_ns()}")
     port = system.web_port
     assert port is not None
     timed_requests(port, b, 20, "warm-up", progress)

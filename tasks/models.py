@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -349,8 +350,6 @@ class ClientQuotaManager(models.Manager["ClientQuota"]):
     def quota_for(self, user: Any, *, now: float | None = None) -> Quota:
         """The user's own row, else the most generous row among their groups, else
         settings.DEFAULT_QUOTA."""
-        import time
-
         now = time.monotonic() if now is None else now
         # With date_joined, a test database's reused primary key is another user.
         key = (user.pk, getattr(user, "date_joined", None))

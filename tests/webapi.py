@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -14,24 +12,7 @@ from batching_site.harness import LocalSystem
 
 def api_token(system: LocalSystem) -> str:
     """A token of a fresh user of the system's own web process (its own database)."""
-    username = f"chaos-{uuid.uuid4().hex[:8]}"
-    manage = [sys.executable, "manage.py"]
-    env = system.env()
-    subprocess.run(
-        [
-            *manage,
-            "shell",
-            "-c",
-            f"from django.contrib.auth.models import User; User.objects.create_user({username!r})",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    out = subprocess.run(
-        [*manage, "create_api_token", username], env=env, check=True, capture_output=True, text=True
-    ).stdout
-    return out.strip().splitlines()[-1]
+    return system.user_token(f"chaos-{uuid.uuid4().hex[:8]}")
 
 
 def http(

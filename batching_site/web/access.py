@@ -62,7 +62,7 @@ def readable(request: HttpRequest, user: Any, task_ids: Iterable[str]) -> set[st
     ids = list(task_ids)
     if not ids:
         return set()
-    if user and user.is_authenticated and user.is_active and user.is_staff:
+    if is_staff(user):
         return set(ids)
     if user and user.is_authenticated and user.is_active:
         me = owner_name(user)
@@ -92,10 +92,10 @@ def is_staff(user: Any) -> bool:
     return bool(user and user.is_authenticated and user.is_active and user.is_staff)
 
 
-def submit_texts(
+def submit_inputs(
     request: HttpRequest,
     user: Any,
-    texts: Sequence[object],
+    inputs: Sequence[object],
     *,
     priority: object = "normal",
     model: str | None = None,
@@ -106,7 +106,7 @@ def submit_texts(
     if not may_submit(user):
         raise NotLoggedIn("log in to submit: /login/?next=/ (or send an API token)")
     owner, quota = spender(user)
-    results = submit_many(texts, priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)  # type: ignore[arg-type]
+    results = submit_many(inputs, priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)  # type: ignore[arg-type]
     ids = [r.id for r in results]
     remember(request, user, ids)
     return ids

@@ -188,7 +188,7 @@ def _submit(
     request: HttpRequest, values: list[Any], priority: str, model: str | None, deadline_s: float | None
 ) -> Status:
     try:
-        ids = access.submit_texts(request, request.auth, values, priority=priority, model=model, deadline_s=deadline_s)
+        ids = access.submit_inputs(request, request.auth, values, priority=priority, model=model, deadline_s=deadline_s)
     except (ValueError, TypeError) as exc:
         # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text.
         answer = refusal(exc)

@@ -51,7 +51,7 @@ def _refused(exc: Exception) -> JsonResponse:
 @require_POST
 def submit_form(request: HttpRequest) -> JsonResponse:
     """Accept one text from the page; answer 202 with its id, or a 4xx with the reason.
-    The same submit path and error map as the API (access.submit_texts, errors.refusal)."""
+    The same submit path and error map as the API (access.submit_inputs, errors.refusal)."""
     if not access.may_submit(request.user):
         return _refused(access.NotLoggedIn("log in to submit: /login/?next=/"))
     try:
@@ -71,7 +71,7 @@ def submit_form(request: HttpRequest) -> JsonResponse:
                 {"detail": f"model {model!r} takes JSON input, e.g. a [query, passage] pair"}, status=400
             )
     try:
-        (task_id,) = access.submit_texts(
+        (task_id,) = access.submit_inputs(
             request, request.user, [value], priority=data.get("priority") or "normal", model=model
         )
     except Exception as exc:  # noqa: BLE001 - errors.refusal decides; a bug re-raises

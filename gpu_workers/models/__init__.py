@@ -38,6 +38,10 @@ TEST_MODELS: Mapping[str, Mapping[str, Any]] = {"synthetic": {"spec": "gpu_worke
 
 _specs: dict[tuple[str, str], ModelSpec] = {}
 _lock = threading.Lock()
+#: The specs built for one value of the settings, so the edge's per-request lookup is a
+#: dict read: (BATCHING_MODELS as it was, BATCHING_TEST_MODELS, name -> spec). Held by
+#: identity: a test's settings override is another object and starts afresh.
+_current: tuple[object, bool, dict[str, ModelSpec]] = (None, False, {})
 
 
 def configured() -> dict[str, Mapping[str, Any]]:
@@ -74,6 +78,24 @@ def build(name: str, config: Mapping[str, Any]) -> ModelSpec:
 def get_spec(name: str) -> ModelSpec:
     """The shared spec for ``name``, so a tokenizer loads once per process. Raises
     ValueError naming the models there are (test models say how to turn them on)."""
+    declared, test_models, built = _current
+    if declared is settings.BATCHING_MODELS and test_models == settings.BATCHING_TEST_MODELS:
+        spec = built.get(name) if isinstance(name, str) else None
+        if spec is not None:
+            return spec
+    else:
+        built = {}
+    spec = _get_spec(name)
+    _set_current(built, name, spec)
+    return spec
+
+
+def _set_current(built: dict[str, ModelSpec], name: str, spec: ModelSpec) -> None:
+    global _current
+    _current = (settings.BATCHING_MODELS, settings.BATCHING_TEST_MODELS, {**built, name: spec})
+
+
+def _get_spec(name: str) -> ModelSpec:
     models = configured()
     config = models.get(name) if isinstance(name, str) else None
     if config is None:

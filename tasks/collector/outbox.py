@@ -48,14 +48,6 @@ def batch_body(model: str, batch: Batch[Held]) -> dict[str, Any]:
     }
 
 
-def _shown(body: dict[str, Any]) -> str:
-    """What Flower shows as a batch's arguments: its size, and why a slow-lane batch
-    runs alone."""
-    if body["lane"] == "slow":
-        return "<slow lane: an input confirmed too slow to share a batch, run alone>"
-    return f"<batch of {len(body['requests'])}>"
-
-
 class Outbox:
     def __init__(self, app: Celery, redis: Any, lease: Lease | None = None, *, dispatch: str = "pull") -> None:
         self.app = app
@@ -72,7 +64,7 @@ class Outbox:
         hashes, in one script. Returns True if they went as a round."""
         if self.lease is None or self.lease.token is None:
             raise LeaseLost("only the active collector dispatches")
-        argsrepr = [_shown(b) for b in bodies]
+        argsrepr = [rounds.shown(b) for b in bodies]
         queues = [self.queue(b["lane"]) for b in bodies]
         events = None
         if settings.CELERY_TASK_SEND_SENT_EVENT:

@@ -40,7 +40,7 @@ from ..store import clock
 from ..store.request_queues import Chord
 from ..store.rounds import recent, record
 
-__all__ = ["recent", "round_chord", "round_done", "round_messages", "summarize"]
+__all__ = ["recent", "round_chord", "round_done", "round_messages", "shown", "summarize"]
 
 
 def summarize(results: Sequence[dict[str, Any]], meta: dict[str, Any], finished_at: float) -> dict[str, Any]:
@@ -62,6 +62,14 @@ def summarize(results: Sequence[dict[str, Any]], meta: dict[str, Any], finished_
         # How unevenly the round's batches ran: longest minus shortest model time.
         "skew_ms": round(max(run_ms) - min(run_ms), 3) if run_ms else 0.0,
     }
+
+
+def shown(body: dict[str, Any]) -> str:
+    """What Flower shows as a batch's arguments: its size, and why a slow-lane batch
+    runs alone."""
+    if body.get("lane") == "slow":
+        return "<slow lane: an input confirmed too slow to share a batch, run alone>"
+    return f"<batch of {len(body['requests'])}>"
 
 
 def round_chord(app: Celery, batches: Sequence[tuple[dict[str, Any], str]], meta: dict[str, Any]) -> chord:
@@ -93,7 +101,7 @@ def round_messages(
                 body["batch_id"],
                 [body],
                 queue,
-                argsrepr=f"<batch of {len(body['requests'])}>" if body.get("lane") != "slow" else "<slow lane>",
+                argsrepr=shown(body),
                 group_id=group_id,
                 group_index=i,
                 chord=callback,

@@ -59,7 +59,8 @@ class SlowLane(Generic[P]):
         now = self._clock()
         gone = [item for _, item in self._waiting if item.deadline is not None and item.deadline <= now]
         if gone:
-            self._waiting = deque((m, i) for m, i in self._waiting if i not in gone)
+            ids = {item.id for item in gone}
+            self._waiting = deque((m, i) for m, i in self._waiting if i.id not in ids)
         return gone
 
     def ran(self, lane: str, seconds: float) -> None:

@@ -1,6 +1,6 @@
 """A real browser: Debian's chromium, headless, driven by playwright.
 
-It logs in through the admin's login form, submits a text from `/`, sees the result
+It logs in through the site's login form, submits a text from `/`, sees the result
 and follows it to the request's timeline, then watches the dashboard's counters move
 without reloading the page. The web server is pytest-django's `live_server` (a real
 HTTP server in a thread of this process) talking to the live system's Redis.
@@ -14,44 +14,25 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from chromium import launched
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"no chromium at {CHROMIUM}: `apt-get install -y chromium` (make test does it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
     # Playwright's sync API keeps an event loop running in this thread, and Django then
     # refuses database calls here (the test's own, and the test database's flush).
     # They are plain synchronous calls, so tell Django, as playwright's docs advise.
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
-        with sync_api.sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            try:
-                yield b
-            finally:
-                b.close()
+        with launched() as b:
+            yield b
     finally:
         if previous is None:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

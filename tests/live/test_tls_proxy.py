@@ -14,7 +14,6 @@ skips and says why.
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import secrets
 import shutil
@@ -24,14 +23,13 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from chromium import launched
 from polling import poll_until
 
 from batching_site.harness import LocalSystem
 
 pytestmark = pytest.mark.live
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
 STAFF = ("door-staff", secrets.token_urlsafe(16))
 
 
@@ -90,15 +88,8 @@ def door() -> Iterator[LocalSystem]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"no chromium at {CHROMIUM}: `apt-get install -y chromium` (make test does it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched() as b:
+        yield b
 
 
 def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door: LocalSystem, browser) -> None:  # type: ignore[no-untyped-def]
