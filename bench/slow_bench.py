@@ -118,6 +118,9 @@ def main() -> None:
     ap.add_argument("--lane", choices=["share", "idle"], default="share", help="the slow lane's policy")
     ap.add_argument("--factor", type=float, default=4.0, help="watchdog limit, times the expected batch time")
     ap.add_argument("--floor", type=float, default=0.05, help="watchdog limit never below this, seconds")
+    ap.add_argument(
+        "--known", action="store_true", help="the warm-up sends each offender once: measure known inputs only"
+    )
     args = ap.parse_args()
 
     plan = []
@@ -137,6 +140,9 @@ def main() -> None:
             connect(system.redis_url)
             shared_state.publish_policy(BatchPolicy(slow_lane=args.lane))
             run(arrivals(args.rate, 3.0, 0.0, args.seed + 1), f"{label} warm-up")  # let cost models learn
+            if args.known and slow_share:
+                offenders = sorted({text for _, text, slow in stream if slow})
+                run([(0.2 * k, text, True) for k, text in enumerate(offenders)], f"{label} offenders")
             if burn:
                 ctx = multiprocessing.get_context("fork")
                 burners = [ctx.Process(target=_burn, daemon=True) for _ in range(os.cpu_count() or 2)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -30,8 +31,10 @@ UNRUN = object()
 
 
 class Bisector:
-    def __init__(self, watchdog: Watchdog) -> None:
+    def __init__(self, watchdog: Watchdog, *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.watchdog = watchdog
+        #: Times a batch's own run: the device runner's leaves out batches that preempted it.
+        self.clock = clock
         self.costs: dict[str, CostModel] = {}
 
     def run(
@@ -42,6 +45,7 @@ class Bisector:
         *,
         slow_lane: bool = False,
         until: float | None = None,
+        on_part: Callable[[list[dict[str, Any]], list[Any]], object] | None = None,
     ) -> list[Any]:
         """Each request's result, its own exception, or SLOW, in order.
 
@@ -51,8 +55,23 @@ class Bisector:
         bisected the same way, and a single request too slow on its own comes back as
         SLOW, to be run alone afterwards (`slow_lane=True`, under the hard limit only).
         `until` (time.monotonic()) is the batch's time bound: requests it leaves no time
-        for come back as UNRUN.
+        for come back as UNRUN. `on_part(requests, results)` hears of each part of a
+        bisected batch that ran cleanly as soon as it has, so its callers need not wait
+        for the rest of the search.
         """
+        return self._run(model, runner, reqs, slow_lane=slow_lane, until=until, on_part=on_part, part=False)
+
+    def _run(
+        self,
+        model: str,
+        runner: BatchRunner,
+        reqs: list[dict[str, Any]],
+        *,
+        slow_lane: bool,
+        until: float | None,
+        on_part: Callable[[list[dict[str, Any]], list[Any]], object] | None,
+        part: bool,
+    ) -> list[Any]:
         costs = self.costs.get(model)
         if costs is None:
             costs = self.costs[model] = CostModel(
@@ -66,7 +85,7 @@ class Bisector:
             if left <= 0:
                 return [UNRUN] * len(reqs)
             limit, hard = min(limit, left), min(hard, left)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             # Past its limit the call is interrupted between bytecodes; still running past
             # the hard limit plus a grace, it is stuck in native code (watchdog.on_hung).
@@ -82,16 +101,28 @@ class Bisector:
                 return [UNRUN] * len(reqs)
             if slow_lane or len(reqs) == 1:
                 return [SLOW if not slow_lane else InferenceError(f"ran past the {limit:.0f}s hard limit")]
-            return self._halves(model, runner, reqs, until)
+            return self._halves(model, runner, reqs, until, on_part)
         except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
             runner.after_failure(exc)
             if len(reqs) == 1:
                 return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
-            return self._halves(model, runner, reqs, until)
+            return self._halves(model, runner, reqs, until, on_part)
         if not slow_lane:
-            costs.observe(padded, time.perf_counter() - t0)
+            costs.observe(padded, self.clock() - t0)
+        if part and on_part is not None:
+            on_part(reqs, list(out))
         return list(out)
 
-    def _halves(self, model: str, runner: BatchRunner, reqs: list[dict[str, Any]], until: float | None) -> list[Any]:
+    def _halves(
+        self,
+        model: str,
+        runner: BatchRunner,
+        reqs: list[dict[str, Any]],
+        until: float | None,
+        on_part: Callable[[list[dict[str, Any]], list[Any]], object] | None,
+    ) -> list[Any]:
         mid = len(reqs) // 2
-        return self.run(model, runner, reqs[:mid], until=until) + self.run(model, runner, reqs[mid:], until=until)
+        return [
+            *self._run(model, runner, reqs[:mid], slow_lane=False, until=until, on_part=on_part, part=True),
+            *self._run(model, runner, reqs[mid:], slow_lane=False, until=until, on_part=on_part, part=True),
+        ]

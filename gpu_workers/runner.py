@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery
@@ -40,6 +40,7 @@ from .bisection import SLOW, UNRUN, Bisector
 from .health import DeviceHealth
 from .models import get_spec
 from .models.base import BatchRunner
+from .preempt import Preemption
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,11 @@ class DeviceRunner:
         self.watchdog = Watchdog(on_hung=self._hung)
         #: The batch being run and its requests to run, for `_hung`.
         self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
-        self.bisector = Bisector(self.watchdog)
+        #: Long batches let waiting ones run between their layers (gpu_workers/preempt.py).
+        self.preempt = Preemption(
+            app, self.watchdog, emit=self._emit, device_id=self.device_id, hostname=nodename or self.device_id
+        )
+        self.bisector = Bisector(self.watchdog, clock=self.preempt.own_clock)
         self.started_at = time.time()
         self._stop = threading.Event()
         for name in preload:
@@ -82,6 +87,7 @@ class DeviceRunner:
             t0 = time.perf_counter()
             spec = get_spec(name)
             runner = self._models[name] = spec.load(self.device)
+            runner.between_steps = self.preempt.between_steps
             log.info("loaded model %s on %s in %.1fs", name, self.device, time.perf_counter() - t0)
             if getattr(spec, "probe", False) and hasattr(runner, "probe_budget"):
                 log.info(
@@ -97,6 +103,7 @@ class DeviceRunner:
         self._heartbeat.join(timeout=5)
         shared_state.forget_device(self.device_id)
         self.watchdog.close()
+        self.preempt.close()
         for runner in self._models.values():
             runner.close()
         self._models.clear()
@@ -119,16 +126,33 @@ class DeviceRunner:
             reply = self._came_back(batch, todo, task_id if redelivered else None)
             if reply is not None:
                 return reply
-        self._running = (batch, todo)
+        # A batch that preempts another runs inside it: restore the one it interrupted.
+        outer, self._running = self._running, (batch, todo)
         try:
-            return self._execute(batch, todo)
+            with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
+                return self._execute(batch, todo)
         finally:
-            self._running = None
+            self._running = outer
+
+    def _yield_after(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> float | None:
+        """When this batch starts letting waiting batches run between its layers: a
+        slow-lane batch at once, any other past PREEMPT_AFTER times its expected time
+        and SLOW_FLOOR_S (never, before its model's cost is learned)."""
+        if batch.get("lane") == "slow":
+            return 0.0
+        costs = self.bisector.costs.get(batch["model"])
+        expected = costs.expected_s(len(todo) * max((r["tokens"] for r in todo), default=0)) if costs else None
+        # Never before SLOW_FLOOR_S: a short batch that runs a little long is only noise,
+        # and a batch let in ahead of it would only reorder the two.
+        return None if expected is None else max(settings.PREEMPT_AFTER * expected, settings.SLOW_FLOOR_S)
 
     def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
         started = clock.now()  # Redis's clock, as the edge set the deadlines
-        # One time bound for the whole batch, bisection and isolation included.
+        # One time bound for the whole batch, bisection and isolation included (and for
+        # one that preempts another, what that one's bound leaves it).
         until = time.monotonic() + settings.BATCH_HARD_LIMIT_S
+        if self.preempt.nested_until is not None:
+            until = min(until, self.preempt.nested_until)
         late: list[dict[str, Any]] = []
         live: list[dict[str, Any]] = []
         for r in todo:
@@ -139,9 +163,22 @@ class DeviceRunner:
         ]
 
         slow_lane = batch.get("lane") == "slow"
-        t0 = time.perf_counter()
-        results = self._run(batch["model"], live, slow_lane=slow_lane, until=until) if live else []
-        run_s = time.perf_counter() - t0
+        t0 = self.preempt.own_clock()
+        #: Requests answered while their batch was still being searched for a slow
+        #: input, and how many of those answers were new.
+        early: set[str] = set()
+        written = 0
+
+        def answer_part(reqs: list[dict[str, Any]], results: list[Any]) -> None:
+            nonlocal written
+            base = self._base(batch, started, self.preempt.own_clock() - t0)
+            written += self._outcomes.write(
+                [self._outcome(r, res, base, isolated=False) for r, res in zip(reqs, results, strict=True)]
+            )
+            early.update(r["id"] for r in reqs)
+
+        results = self._run(batch["model"], live, slow_lane=slow_lane, until=until, on_part=answer_part) if live else []
+        run_s = self.preempt.own_clock() - t0
         base = self._base(batch, started, run_s)
         if self.health.judge(batch, [res for res in results if res is not UNRUN]):
             return self.health.bounce(batch)  # the device failed, not these inputs
@@ -158,7 +195,7 @@ class DeviceRunner:
         also = self._also(batch, outcomes, base, run_s)
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
-            written = self._outcomes.write(outcomes)
+            written += self._outcomes.write([o for o in outcomes if o.task_id not in early])
             mates = [
                 r
                 for r, res in zip(live, results, strict=True)
@@ -169,12 +206,12 @@ class DeviceRunner:
             outcomes += isolated
             written += self._outcomes.write(isolated, also=also)
         else:
-            written = self._outcomes.write(outcomes, also=also)
+            written += self._outcomes.write([o for o in outcomes if o.task_id not in early], also=also)
         if unrun:
             self._hand_back(batch, unrun, "r", "its batch used up its time bound")
         self.batches += 1
         self.requests += len(live)
-        self.busy_s += time.perf_counter() - t0
+        self.busy_s += self.preempt.own_clock() - t0
         metrics.record_batch(self.device_id, batch, outcomes, run_s)
         return {
             "batch_id": batch["batch_id"],
@@ -188,7 +225,15 @@ class DeviceRunner:
             "run_ms": base["run_ms"],
         }
 
-    def _run(self, model: str, live: list[dict[str, Any]], *, slow_lane: bool, until: float) -> list[Any]:
+    def _run(
+        self,
+        model: str,
+        live: list[dict[str, Any]],
+        *,
+        slow_lane: bool,
+        until: float,
+        on_part: Callable[[list[dict[str, Any]], list[Any]], object] | None = None,
+    ) -> list[Any]:
         """Each request's result or its own error. A model that cannot load answers
         every request with an error naming the model and this device (health.judge
         bounces the batch when that error blames the device, such as out of memory)."""
@@ -197,7 +242,7 @@ class DeviceRunner:
         except Exception as exc:  # noqa: BLE001 - becomes each request's error
             log.exception("could not load model %s on %s", model, self.device_id)
             return [ModelUnavailable(model, self.device_id, f"{type(exc).__name__}: {exc}")] * len(live)
-        return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until)
+        return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until, on_part=on_part)
 
     def _came_back(
         self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None
@@ -332,9 +377,9 @@ class DeviceRunner:
         control = self._control(model, runner, mates, until)
         outcomes, unrun = [], []
         for r in slow:
-            t0 = time.perf_counter()
+            t0 = self.preempt.own_clock()
             res = self.bisector.run(model, runner, [r], slow_lane=True, until=until)[0]
-            took = time.perf_counter() - t0
+            took = self.preempt.own_clock() - t0
             if res is UNRUN:
                 unrun.append(r)
                 continue
@@ -366,9 +411,9 @@ class DeviceRunner:
         mate = max(mates, key=lambda r: r["tokens"]) if mates else self._reference.get(model)
         if mate is None:
             return None
-        t0 = time.perf_counter()
+        t0 = self.preempt.own_clock()
         res = self.bisector.run(model, runner, [mate], slow_lane=True, until=until)[0]
-        took = time.perf_counter() - t0
+        took = self.preempt.own_clock() - t0
         if res is UNRUN or isinstance(res, BaseException):
             return None
         # What the device does now is also what the cost model should expect next.
@@ -398,6 +443,7 @@ class DeviceRunner:
                         "requests": self.requests,
                         "busy_s": round(self.busy_s, 3),
                         "isolated": self.isolated,
+                        "preempted": self.preempt.preempted,
                         "circuit": self.health.breaker.state,
                         "circuit_trips": self.health.breaker.trips,
                         "at": clock.now(),

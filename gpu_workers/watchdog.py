@@ -14,6 +14,13 @@ reaches a bytecode boundary, so no exception can reach it. `limit(..., hung_afte
 covers that: if the call is still running `s` seconds after it started, the watchdog
 calls `on_hung` from its own thread (the device runner then gives the batch back and
 kills its process, and the supervisor starts a fresh one).
+
+`with watchdog.paused() as ok:` suspends the armed limit while the same thread runs
+something else in the middle of the call (another batch that preempts it between
+layers, gpu_workers/preempt.py), which arms limits of its own. On exit the suspended
+limit resumes with its deadlines moved on by the time spent, so the preempting work
+never counts against the call it interrupted. `ok` is False, and nothing is paused,
+when the limit has already fired: the call is about to be cut off.
 """
 
 from __future__ import annotations
@@ -63,6 +70,31 @@ class Watchdog:
                     _set_async_exc(self._target, None)
                 self._target = self._deadline = self._hung_at = None
                 self._fired = False
+
+    @contextmanager
+    def paused(self) -> Iterator[bool]:
+        with self._cond:
+            if self._fired:
+                ok, saved = False, None
+            else:
+                ok, saved = True, (self._target, self._deadline, self._hung_at)
+                self._target = self._deadline = self._hung_at = None
+                self._cond.notify_all()
+        t0 = time.monotonic()
+        try:
+            yield ok
+        finally:
+            if saved is not None:
+                with self._cond:
+                    if self._fired and self._target is not None:
+                        _set_async_exc(self._target, None)
+                    moved = time.monotonic() - t0
+                    target, deadline, hung_at = saved
+                    self._target = target
+                    self._deadline = None if deadline is None else deadline + moved
+                    self._hung_at = None if hung_at is None else hung_at + moved
+                    self._fired = False
+                    self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

@@ -150,6 +150,12 @@ SLOW_ISOLATION = env.bool("SLOW_ISOLATION", default=True)
 #: SLOW_FLOOR_S. Tighter catches slow inputs sooner but cuts more batches on a noisy host.
 SLOW_FACTOR = env.float("SLOW_FACTOR", default=4.0)
 SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.05)
+#: A batch that has run PREEMPT_AFTER times its expected time (and a slow-lane batch at
+#: once) lets waiting batches run between its layers (gpu_workers/preempt.py). Lower
+#: spares the queue behind a slow input sooner; a batch that yields finishes later.
+#: PREEMPTION=0 turns it off.
+PREEMPTION = env.bool("PREEMPTION", default=True)
+PREEMPT_AFTER = env.float("PREEMPT_AFTER", default=2.0)
 #: One time bound for a whole batch, bisection and isolation included: each model call
 #: gets at most what is left of it, and what it leaves unrun goes back to the queue. By
 #: default 20 s, or two thirds of a shorter visibility timeout.
@@ -163,6 +169,7 @@ _check(CIRCUIT_COOLDOWN_S > 0, "CIRCUIT_COOLDOWN_S", CIRCUIT_COOLDOWN_S, "a posi
 _check(MAX_BOUNCES >= 0, "MAX_BOUNCES", MAX_BOUNCES, "0 or more")
 _check(SLOW_FACTOR > 1, "SLOW_FACTOR", SLOW_FACTOR, "over 1")
 _check(SLOW_FLOOR_S > 0, "SLOW_FLOOR_S", SLOW_FLOOR_S, "a positive number of seconds")
+_check(PREEMPT_AFTER >= 0, "PREEMPT_AFTER", PREEMPT_AFTER, "0 or more (times the expected batch time)")
 _check(HANG_GRACE_S > 0, "HANG_GRACE_S", HANG_GRACE_S, "a positive number of seconds")
 # A batch still running (or hung and not yet found) when the broker hands it to another
 # device would run twice.

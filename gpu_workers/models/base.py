@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 __all__ = ["BatchRunner", "ModelSpec", "check_device", "check_text"]
@@ -107,6 +107,16 @@ class BatchRunner(abc.ABC):
     """A model loaded on one device, running whole batches."""
 
     device: str
+    #: Set by the device runner while a batch may be preempted (gpu_workers/preempt.py);
+    #: a model calls it between its layers, where another batch may run first. A model
+    #: that never calls it is simply never preempted.
+    between_steps: Callable[[], object] | None = None
+
+    def step(self) -> None:
+        """Between two layers: let preempting work run, if the runner wants it."""
+        hook = self.between_steps
+        if hook is not None:
+            hook()
 
     @abc.abstractmethod
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:

@@ -173,8 +173,9 @@ class SyntheticRunner(BatchRunner):
         self.slowdown = slowdown
         self._sleep = sleep
         self._closed = False
-        # A real device runs one batch at a time; concurrent callers queue.
-        self._lock = threading.Lock()
+        # A real device runs one batch at a time; concurrent callers queue. Re-entrant:
+        # a batch that preempts another runs in the same thread, between its slices.
+        self._lock = threading.RLock()
 
     def batch_seconds(self, texts: Sequence[str]) -> float:
         """How long ``run_batch(texts)`` sleeps."""
@@ -205,6 +206,8 @@ class SyntheticRunner(BatchRunner):
                 step = min(seconds, SLICE_S)
                 self._sleep(step)
                 seconds -= step
+                if seconds > 0:
+                    self.step()
         return [embed(t) for t in texts]
 
     def close(self) -> None:

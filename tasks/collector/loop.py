@@ -242,6 +242,9 @@ class Collector:
             run_s = float(body.get("run_ms") or 0) / 1000
             self.slots.done(body.get("batch_id"), int(body.get("padded_tokens") or 0), run_s)
             self.slow_lane.ran(str(body.get("lane") or "normal"), run_s)
+        elif kind == "yielding":
+            # The device runs other batches inside this one now: send it the next.
+            self.slots.yielded(body.get("batch_id"))
         elif kind == "slow":
             self.slow_inputs.add(str(body.get("fingerprint")))
         elif kind == "hello":
@@ -261,7 +264,9 @@ class Collector:
                 break
             formed.append(batch)
         # A free device left over may take a slow input, if the lane's policy says so.
-        while self.slow_lane and (self._free_slots() > len(formed) or (force and self.devices)):
+        slow_free = self.slots.slow_free(self.devices)
+        while self.slow_lane and slow_free and (self._free_slots() > len(formed) or (force and self.devices)):
+            slow_free -= 1
             others = any(len(sched) for sched in self.schedulers.values())
             slow = self.slow_lane.next_batch(self.policy, others_waiting=others)
             if slow is None:
@@ -291,7 +296,7 @@ class Collector:
         for (model, batch), body in zip(formed, bodies, strict=True):
             for item in batch.items:
                 self.held.pop(item.id, None)
-            self.slots.sent(body["batch_id"], batch.padded_tokens)
+            self.slots.sent(body["batch_id"], batch.padded_tokens, lane=body["lane"])
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
             self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)

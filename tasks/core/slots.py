@@ -1,6 +1,12 @@
 """Batches sent to the devices and not yet reported done: how many more may be sent,
 and which are presumed lost with their device.
 
+A batch that *yields* (its device runs other batches between its layers while it is
+long, gpu_workers/preempt.py) stops holding its device's slot: it moves to the
+background until it is done. A slow-lane batch, and any batch in the background, holds
+one of the devices' slow places (at most one per device) until it is done, so that a
+slow input never waits in the broker, holding a slot, for a device that cannot take it.
+
 Pure: the caller gives a clock and reports sends and completions.
 """
 
@@ -23,6 +29,13 @@ class Slots:
     costs: CostModel = field(default_factory=CostModel)
     #: batch id -> (when sent, padded tokens).
     outstanding: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: Batches that yielded: batch id -> (when sent, padded tokens).
+    background: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: Slow-lane batches not done: batch id -> when sent.
+    slow: dict[str, float] = field(default_factory=dict)
+    #: A background or slow-lane batch never reported done is forgotten after this long
+    #: (its device died; the broker redelivers it, and it is counted again if it yields).
+    forget_after_s: float = 120.0
 
     def __len__(self) -> int:
         return len(self.outstanding)
@@ -32,13 +45,32 @@ class Slots:
         `batches_ahead` more."""
         return max(0, devices * (1 + batches_ahead) - len(self.outstanding))
 
-    def sent(self, batch_id: str, padded_tokens: int) -> None:
-        self.outstanding[batch_id] = (self.clock(), padded_tokens)
+    def slow_free(self, devices: int) -> int:
+        """How many slow-lane batches may be sent now: one per device at a time, and
+        none to a device inside a batch that yields (it takes only normal batches
+        between that one's layers, so a slow-lane batch would wait, holding a slot)."""
+        return max(0, devices - len(self.slow.keys() | self.background.keys()))
+
+    def sent(self, batch_id: str, padded_tokens: int, *, lane: str = "normal") -> None:
+        now = self.clock()
+        self.outstanding[batch_id] = (now, padded_tokens)
+        if lane == "slow":
+            self.slow[batch_id] = now
+
+    def yielded(self, batch_id: object) -> bool:
+        """A device lets other batches run inside `batch_id`: its slot is free."""
+        if not isinstance(batch_id, str) or batch_id not in self.outstanding:
+            return False
+        self.background[batch_id] = self.outstanding.pop(batch_id)
+        return True
 
     def done(self, batch_id: object, padded_tokens: int, run_s: float) -> bool:
         """A device reported `batch_id` done; learns its cost. False if it was not ours
         (sent by an earlier collector, or already reclaimed)."""
-        if not isinstance(batch_id, str) or self.outstanding.pop(batch_id, None) is None:
+        if not isinstance(batch_id, str):
+            return False
+        self.slow.pop(batch_id, None)
+        if self.outstanding.pop(batch_id, None) is None and self.background.pop(batch_id, None) is None:
             return False
         self.costs.observe(padded_tokens, run_s)
         return True
@@ -52,4 +84,9 @@ class Slots:
             if now - sent > limit:
                 stale.append((batch_id, now - sent))
                 del self.outstanding[batch_id]
+        for kept in (self.background, self.slow):
+            for batch_id, value in list(kept.items()):
+                sent = value[0] if isinstance(value, tuple) else value
+                if now - sent > self.forget_after_s:
+                    del kept[batch_id]
         return stale

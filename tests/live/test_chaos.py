@@ -11,6 +11,7 @@ Bounds: each load of 500 requests is answered within `ANSWERED_WITHIN_S` of the 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -284,16 +285,18 @@ def test_poison_input_fails_alone_in_a_batch_of_32(chaos_system: LocalSystem) ->
 
 
 def test_slow_inputs_are_isolated_and_remembered(chaos_system: LocalSystem) -> None:
-    # Warm the devices' cost models with normal batches first.
-    for r in submit_many([f"warm up {i} " + "w " * (i % 9) for i in range(200)], model="synthetic"):
-        r.get(timeout=60)
+    # Warm both devices' cost models with normal batches first: enough rounds that each
+    # device has run at least CostModel.warmup batches (one burst can be a few batches).
+    for k in range(12):
+        for r in submit_many([f"warm up {k} {i} " + "w " * (i % 9) for i in range(16)], model="synthetic"):
+            r.get(timeout=60)
     slow_text = "this input is pathological !slow " + "x " * 20
     normal = [f"steady {i} " + "w " * (i % 9) for i in range(40)]
     first = submit_many([*normal[:20], slow_text, *normal[20:]], model="synthetic")
     for r in first:
         r.get(timeout=60)
     d = details(first[20])
-    assert d["isolated"] is True, d
+    assert d["isolated"] is True, json.dumps(d)
     assert all(not details(r)["isolated"] for i, r in enumerate(first) if i != 20)
     assert details(first[20])["slow_ratio"] >= 4, "judged against a batch-mate run alone"
     # Seen once, it never shares a batch again: it goes straight to the slow lane, even

@@ -65,16 +65,26 @@ class TorchRunner(BatchRunner):
             if dtype:
                 log.info("%s on %s: dtype %s is for CUDA devices; running float32", type(self).__name__, device, dtype)
         # A model is not documented as safe to call from two threads; one batch at a time.
-        self._lock = threading.Lock()
+        # Re-entrant: a batch that preempts another runs in the same thread, between its
+        # layers.
+        self._lock = threading.RLock()
         model = self.load_model()
         if self.dtype is not None:
             model.to(self.dtype)
         model.eval()
+        # Between layers: every module of a ModuleList (a transformer's blocks) first
+        # lets preempting work run (BatchRunner.step), when the device runner asks.
+        for stack in (m for m in model.modules() if isinstance(m, torch.nn.ModuleList)):
+            for layer in stack:
+                layer.register_forward_pre_hook(self._between_layers)
         self._model: Any = model
         if warm_up is not None:
             # The first forward pass pays for lazy allocations and kernel selection;
             # pay it now rather than in the first caller's latency.
             self.run_batch([warm_up])
+
+    def _between_layers(self, module: Any, args: Any) -> None:
+        self.step()
 
     @abc.abstractmethod
     def load_model(self) -> Any:

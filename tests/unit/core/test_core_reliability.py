@@ -131,3 +131,28 @@ def test_watchdog_reports_a_call_stuck_in_native_code_and_only_that() -> None:
         assert not hung.is_set()
     finally:
         w.close()
+
+
+def test_watchdog_pause_lets_preempting_work_run_under_its_own_limit() -> None:
+    w = Watchdog()
+    try:
+        release = threading.Event()
+        # The outer call's 150 ms limit is paused for 300 ms of preempting work, which is
+        # cut off at its own 20 ms limit; the outer call then finishes within its 150 ms
+        # of its own time, 300 ms of wall time later than it would have.
+        with w.limit(0.15):
+            with w.paused() as ok:
+                assert ok
+                with pytest.raises(BatchTooSlow), w.limit(0.02):
+                    while not release.wait(0.001):
+                        pass
+                release.wait(0.3)
+            release.wait(0.05)
+        # Once fired, a limit is not paused: the cut-off is on its way.
+        with pytest.raises(BatchTooSlow), w.limit(0.01):
+            while True:
+                with w.paused() as ok:
+                    if not ok:
+                        release.wait(0.01)
+    finally:
+        w.close()

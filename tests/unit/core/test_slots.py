@@ -65,3 +65,41 @@ def test_reclaim_stale_waits_stale_factor_times_the_cost_learned_from_done() -> 
     clock.advance(0.2)
     assert [b for b, _ in slots.reclaim_stale()] == ["slow"]
     assert slots.free(devices=1, batches_ahead=0) == 1
+
+
+def test_a_batch_that_yields_frees_its_slot_and_is_still_done_once() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    slots.sent("long", 100)
+    assert slots.free(devices=1, batches_ahead=0) == 0
+    assert slots.yielded("long") is True
+    assert slots.free(devices=1, batches_ahead=0) == 1, "the device takes the next batch between its layers"
+    assert slots.yielded("long") is False and slots.yielded("unknown") is False
+    assert slots.done("long", 100, 0.5) is True
+    assert slots.done("long", 100, 0.5) is False
+
+
+def test_one_slow_lane_batch_per_device_until_done_or_forgotten() -> None:
+    clock = FakeClock(start=0.0)
+    slots = Slots(clock=clock.now, forget_after_s=60.0)
+    assert slots.slow_free(devices=2) == 2
+    slots.sent("s1", 300, lane="slow")
+    slots.yielded("s1")
+    assert slots.slow_free(devices=2) == 1 and slots.free(devices=2, batches_ahead=0) == 2
+    slots.sent("s2", 300, lane="slow")
+    assert slots.slow_free(devices=2) == 0
+    slots.done("s2", 300, 0.2)
+    assert slots.slow_free(devices=2) == 1
+    clock.advance(61.0)
+    slots.reclaim_stale()
+    assert slots.slow_free(devices=2) == 2, "a device that died with s1 does not hold its place forever"
+    assert not slots.background
+
+
+def test_no_slow_lane_batch_for_a_device_inside_a_batch_that_yields() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    slots.sent("first sighting", 400)
+    slots.yielded("first sighting")
+    assert slots.free(devices=1, batches_ahead=0) == 1, "normal batches go between its layers"
+    assert slots.slow_free(devices=1) == 0, "a slow-lane batch would wait in the broker"
+    slots.done("first sighting", 400, 2.0)
+    assert slots.slow_free(devices=1) == 1
