@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from conftest import apply_policy
 from polling import poll_until
+from systems import running
 
 from batching_site.celery import app
+from batching_site.harness import LocalSystem
 from gpu_workers.models import get_spec, synthetic
 from tasks.core.errors import DeadlineExceeded, Overloaded, RequestTooLarge
 from tasks.core.policy import BatchPolicy
@@ -185,7 +187,22 @@ def test_run_alone_runs_an_oversized_request_in_a_batch_of_its_own() -> None:
 # --- deadlines ------------------------------------------------------------------------------
 
 
-def test_request_not_dispatched_by_its_deadline_fails_and_never_runs() -> None:
+@pytest.fixture(scope="module")
+def without_preemption() -> Any:
+    """Two devices that never run a waiting batch between a long one's layers
+    (PREEMPTION=0, gpu_workers/preempt.py): only then do busy devices leave requests
+    queued at the collector, as every device without layers does."""
+    with running(
+        LocalSystem(
+            devices=["cpu:0", "cpu:1"],
+            preload="synthetic",
+            env={"PREEMPTION": "0", "SYNTHETIC_PER_TOKEN_S": "0.00005"},
+        )
+    ) as system:
+        yield system
+
+
+def test_request_not_dispatched_by_its_deadline_fails_and_never_runs(without_preemption: LocalSystem) -> None:
     # One request per batch, so two slow requests occupy both devices and two more queue.
     apply_policy(BatchPolicy(max_batch_size=1))
     blockers = [f"!slow {words(500, f'd{i}_')}" for i in range(4)]
