@@ -18,6 +18,7 @@ from typing import Any
 from celery.app.base import Celery
 from django.conf import settings
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from ..protocol import lua
 from ..protocol.names import (
@@ -30,8 +31,8 @@ from ..protocol.names import (
 )
 from ..protocol.results import Outcome, result_meta
 
-# Built once: a Script keeps its SHA and runs on whichever client (or pipeline) each
-# call names, so no write rebuilds it.
+# Built once for its SHA. Run by EVALSHA straight into the pipeline: redis-py's Script on a
+# pipeline first asks SCRIPT EXISTS, a round trip of its own on every write.
 _SET_ONCE_SCRIPT = Script(None, lua.source("set_once"))
 
 
@@ -57,6 +58,16 @@ class OutcomeWriter:
         `also(pipeline)` adds the caller's own commands to the same round trip."""
         if not outcomes and also is None:
             return 0
+        try:
+            results = self._pipeline(outcomes, also).execute()
+        except NoScriptError:
+            # A Redis that restarted has forgotten the script: load it and send it all
+            # again (the writes are set-once; events and the done message may go twice).
+            self._backend.client.script_load(_SET_ONCE_SCRIPT.script)
+            results = self._pipeline(outcomes, also).execute()
+        return sum(int(x) for x in results[: len(outcomes)])
+
+    def _pipeline(self, outcomes: Sequence[Outcome], also: Callable[[Any], None] | None) -> Any:
         backend = self._backend
         pipe = backend.client.pipeline(transaction=False)
         done = self._app.now().isoformat()
@@ -65,24 +76,20 @@ class OutcomeWriter:
                 expires = backend.expires
             else:
                 expires = getattr(backend, "failure_expires", None) or backend.expires
-            _SET_ONCE_SCRIPT(
-                keys=[
-                    backend.get_key_for_task(o.task_id),
-                    ANSWERS_KEY,
-                    LEDGER_KEY,
-                    LEDGER_PAYLOADS_KEY,
-                    LEDGER_ATTEMPTS_KEY,
-                    owner_key(o.task_id),
-                ],
-                args=[
-                    backend.encode(result_meta(o, backend, done)),
-                    int(expires or settings.CELERY_RESULT_EXPIRES),
-                    o.task_id,
-                    IN_FLIGHT_PREFIX,
-                ],
-                client=pipe,
+            pipe.evalsha(
+                _SET_ONCE_SCRIPT.sha,
+                6,
+                backend.get_key_for_task(o.task_id),
+                ANSWERS_KEY,
+                LEDGER_KEY,
+                LEDGER_PAYLOADS_KEY,
+                LEDGER_ATTEMPTS_KEY,
+                owner_key(o.task_id),
+                backend.encode(result_meta(o, backend, done)),
+                int(expires or settings.CELERY_RESULT_EXPIRES),
+                o.task_id,
+                IN_FLIGHT_PREFIX,
             )
         if also is not None:
             also(pipe)
-        results = pipe.execute()
-        return sum(int(x) for x in results[: len(outcomes)])
+        return pipe
