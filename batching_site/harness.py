@@ -76,6 +76,7 @@ class LocalSystem:
         self.program_env = program_env or {}
         self._tmp = tempfile.mkdtemp(prefix="batching-")
         self.log_dir = log_dir or self._tmp
+        os.makedirs(self.log_dir, exist_ok=True)
         self._programs_dir = os.path.join(self._tmp, "programs")
         os.makedirs(self._programs_dir)
         self._redis_port: int | None = None

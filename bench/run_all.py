@@ -62,6 +62,10 @@ NOOP_THREADS = 32
 ANSWER_TIMEOUT_S = 120.0
 
 SYSTEM_PIPELINE = "pipeline"
+#: The process set `make run` starts, as a user runs it: web (gunicorn), Flower, both
+#: collectors and a device worker per device under supervisord, MiniLM only, default
+#: logging and torch threads. Its rows carry kind "make run".
+SYSTEM_MAKE_RUN = "make run"
 SYSTEM_OFF = "pipeline, batching off"
 SYSTEM_PLAIN = "plain Celery"
 SYSTEM_BATCHES = "celery-batches"
@@ -84,6 +88,8 @@ class Sizes:
     sweep: tuple[tuple[int, float], ...]
     sweep_texts: int
     noop_texts: int
+    #: One caller at a time on the `make run` system.
+    idle_texts: int = 150
     warmup: int = 32
     noop_chunk: int = 50
 
@@ -92,6 +98,7 @@ class Sizes:
         ceiling_n += self.ceiling_unsorted_texts * len(self.unsorted_sizes)
         curve = self.main_texts + sum(self.curve.values())
         pipeline = self.warmup + curve + self.off_texts + self.noop_texts
+        pipeline += self.warmup + self.idle_texts + self.main_texts  # the make run system
         plain = self.warmup + curve + self.noop_texts
         batches = self.warmup + self.sweep_texts * len(self.sweep) + curve
         return ceiling_n + pipeline + plain + batches
@@ -121,6 +128,7 @@ QUICK = Sizes(
     sweep=((8, 0.01), (16, 0.01), (64, 0.1)),
     sweep_texts=64,
     noop_texts=1000,
+    idle_texts=30,
     warmup=16,
 )
 
@@ -253,6 +261,42 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
         noop = b.bulk(SYSTEM_PIPELINE, lambda c: submit_many(c, model="synthetic"), noop_texts, model="synthetic")
         b.record(noop, kind="noop")
     return stats
+
+
+def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
+    """The system as `make run` starts it, driven the way a script drives it: one caller
+    at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`."""
+    from batching_site.harness import LocalSystem
+    from tasks.edge.client import submit
+    from tasks.store import shared_state
+    from tasks.store.connection import connect
+
+    b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
+    system = LocalSystem(
+        devices=["cpu:0", "cpu:1"],
+        preload="minilm",
+        # What `make run` leaves to the defaults: INFO logging, torch threads split
+        # between the devices (the TORCH_THREADS this process's parent may have set
+        # for the harness rows does not apply).
+        env={"LOG_LEVEL": "INFO", "TORCH_THREADS": "0"},
+        redis_url=redis_url,
+        log_dir=str(b.logs / "make-run"),
+        web=True,
+        flower=True,
+    )
+    with system:
+        b.serving(lambda: list(system.pids().values()))
+        connect(redis_url)
+        policy = shared_state.read_policy()
+        _publish_and_wait(shared_state, policy.evolve(oversized="truncate", version=policy.version + 1))
+
+        def call(text: str) -> Any:
+            return submit(text).get(timeout=ANSWER_TIMEOUT_S)
+
+        b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.warmup], MAIN_THREADS)
+        b.stage("make run system: one caller at a time, then 16 callers")
+        b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.idle_texts], 1), kind="make run")
+        b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.main_texts], MAIN_THREADS), kind="make run")
 
 
 def _pipeline_stats(shared_state: Any, since: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -463,6 +507,7 @@ def main() -> None:
         results: dict[str, Any] = {"meta": meta, "ceiling": run_ceiling(b)}
         with redis_server(b.logs) as (base, b.redis_pid):
             results["pipeline_stats"] = run_pipeline(b, f"{base}/0", texts, noop_texts)
+            run_make_run(b, f"{base}/3", texts)
             run_plain(b, f"{base}/1", texts, noop_texts)
             results["batches_best"] = run_batches(b, f"{base}/2", texts)
         results["runs"] = b.runs
