@@ -221,20 +221,14 @@ def curve(b: Bench, system: str, call: Callable[[str], Any], texts: list[str], *
         b.record(b.load(system, call, texts[: points[threads]], threads, **settings))
 
 
-def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
-    from batching_site.harness import LocalSystem
-    from tasks.edge.client import submit, submit_many
+@contextmanager
+def _serving(b: Bench, system: Any, redis_url: str) -> Iterator[Callable[[str], Any]]:
+    """Start one of our systems, count its processes' CPU, point this process at its
+    Redis, and yield what a caller does: `submit(text).get()`."""
+    from tasks.edge.client import submit
     from tasks.store import shared_state
     from tasks.store.connection import connect
 
-    b.stage("pipeline: starting Redis-backed collector and 2 device workers")
-    system = LocalSystem(
-        devices=["cpu:0", "cpu:1"],
-        preload="minilm,synthetic",
-        env={"TORCH_THREADS": "1", "SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"},
-        redis_url=redis_url,
-        log_dir=str(b.logs),
-    )
     with system:
         b.serving(lambda: list(system.pids().values()))
         connect(redis_url)
@@ -247,6 +241,23 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
         def call(text: str) -> Any:
             return submit(text).get(timeout=ANSWER_TIMEOUT_S)
 
+        yield call
+
+
+def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
+    from batching_site.harness import LocalSystem
+    from tasks.edge.client import submit_many
+    from tasks.store import shared_state
+
+    b.stage("pipeline: starting Redis-backed collector and 2 device workers")
+    system = LocalSystem(
+        devices=["cpu:0", "cpu:1"],
+        preload="minilm,synthetic",
+        env={"TORCH_THREADS": "1", "SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"},
+        redis_url=redis_url,
+        log_dir=str(b.logs),
+    )
+    with _serving(b, system, redis_url) as call:
         b.stage("pipeline: closed loop, MiniLM")
         b.load(SYSTEM_PIPELINE, call, texts[: b.sizes.warmup], MAIN_THREADS)
         before = _pipeline_stats(shared_state)
@@ -267,9 +278,6 @@ def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
     """The system as `make run` starts it, driven the way a script drives it: one caller
     at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`."""
     from batching_site.harness import LocalSystem
-    from tasks.edge.client import submit
-    from tasks.store import shared_state
-    from tasks.store.connection import connect
 
     b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
     system = LocalSystem(
@@ -284,15 +292,7 @@ def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
         web=True,
         flower=True,
     )
-    with system:
-        b.serving(lambda: list(system.pids().values()))
-        connect(redis_url)
-        policy = shared_state.read_policy()
-        _publish_and_wait(shared_state, policy.evolve(oversized="truncate", version=policy.version + 1))
-
-        def call(text: str) -> Any:
-            return submit(text).get(timeout=ANSWER_TIMEOUT_S)
-
+    with _serving(b, system, redis_url) as call:
         b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.warmup], MAIN_THREADS)
         b.stage("make run system: one caller at a time, then 16 callers")
         b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.idle_texts], 1), kind="make run")

@@ -42,6 +42,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
@@ -116,8 +117,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--devices", type=int, choices=[1, 2], default=None, help="only this many devices")
     ap.add_argument("--lane", choices=["share", "idle"], default="share", help="the slow lane's policy")
-    ap.add_argument("--factor", type=float, default=4.0, help="watchdog limit, times the expected batch time")
-    ap.add_argument("--floor", type=float, default=0.05, help="watchdog limit never below this, seconds")
+    ap.add_argument(
+        "--factor", type=float, default=settings.SLOW_FACTOR, help="watchdog limit, times the expected batch time"
+    )
+    ap.add_argument(
+        "--floor", type=float, default=settings.SLOW_FLOOR_S, help="watchdog limit never below this, seconds"
+    )
     ap.add_argument(
         "--known", action="store_true", help="the warm-up sends each offender once: measure known inputs only"
     )

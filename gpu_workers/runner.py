@@ -388,7 +388,7 @@ class DeviceRunner:
                 confirmed, ratio = confirms_slow(
                     (r["tokens"], took),
                     control,
-                    factor=settings.SLOW_FACTOR,
+                    factor=settings.SLOW_CONFIRM_FACTOR,
                     floor_s=settings.SLOW_FLOOR_S,
                     expected=self.bisector.costs[model].expected_s,
                 )

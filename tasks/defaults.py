@@ -148,8 +148,14 @@ _check(POISON_REDELIVERIES >= 1, "POISON_REDELIVERIES", POISON_REDELIVERIES, "at
 SLOW_ISOLATION = env.bool("SLOW_ISOLATION", default=True)
 #: A batch is cut off after SLOW_FACTOR times its expected time, never before
 #: SLOW_FLOOR_S. Tighter catches slow inputs sooner but cuts more batches on a noisy host.
-SLOW_FACTOR = env.float("SLOW_FACTOR", default=4.0)
-SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.05)
+#: With preemption a batch past its cut-off no longer holds the queue, but its
+#: batch-mates still wait for it: tighter answers them sooner.
+SLOW_FACTOR = env.float("SLOW_FACTOR", default=2.0)
+#: An input that made its batch too slow is remembered as slow only if, run alone, it is
+#: SLOW_CONFIRM_FACTOR times slower than a batch-mate run alone just before it (each
+#: against its expected time): a busy machine slows both alike.
+SLOW_CONFIRM_FACTOR = env.float("SLOW_CONFIRM_FACTOR", default=4.0)
+SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.02)
 #: A batch that has run PREEMPT_AFTER times its expected time (and a slow-lane batch at
 #: once) lets waiting batches run between its layers (gpu_workers/preempt.py). Lower
 #: spares the queue behind a slow input sooner; a batch that yields finishes later.
@@ -168,6 +174,7 @@ _check(CIRCUIT_THRESHOLD >= 1, "CIRCUIT_THRESHOLD", CIRCUIT_THRESHOLD, "at least
 _check(CIRCUIT_COOLDOWN_S > 0, "CIRCUIT_COOLDOWN_S", CIRCUIT_COOLDOWN_S, "a positive number of seconds")
 _check(MAX_BOUNCES >= 0, "MAX_BOUNCES", MAX_BOUNCES, "0 or more")
 _check(SLOW_FACTOR > 1, "SLOW_FACTOR", SLOW_FACTOR, "over 1")
+_check(SLOW_CONFIRM_FACTOR > 1, "SLOW_CONFIRM_FACTOR", SLOW_CONFIRM_FACTOR, "over 1")
 _check(SLOW_FLOOR_S > 0, "SLOW_FLOOR_S", SLOW_FLOOR_S, "a positive number of seconds")
 _check(PREEMPT_AFTER >= 0, "PREEMPT_AFTER", PREEMPT_AFTER, "0 or more (times the expected batch time)")
 _check(HANG_GRACE_S > 0, "HANG_GRACE_S", HANG_GRACE_S, "a positive number of seconds")
