@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
 from celery.app.trace import trace_task
 from django.conf import settings
 from kombu import Queue
@@ -208,13 +208,13 @@ class Preemption:
         shown.add("task-started", uuid=task_id, timestamp=started)
         t0 = time.perf_counter()
         retval, info = trace_task(task, task_id, args, kwargs, request, app=self.app, hostname=self.hostname)[:2]
-        rejected = info is not None and getattr(info, "state", None) == "REJECTED"
-        if rejected:
+        state = getattr(info, "state", None)
+        if state == states.REJECTED:
             message.requeue()
             shown.add("task-rejected", uuid=task_id, requeue=True)
         else:
             message.ack()
-            if info is not None and getattr(info, "state", None) == "FAILURE":
+            if state == states.FAILURE:
                 shown.add("task-failed", uuid=task_id, exception=repr(retval), traceback="")
             else:
                 shown.add("task-succeeded", uuid=task_id, result=repr(retval), runtime=time.perf_counter() - t0)

@@ -193,9 +193,10 @@ class DeviceRunner:
             if res is not SLOW and res is not UNRUN
         ]
         also = self._also(batch, outcomes, base, run_s)
+        unwritten = [o for o in outcomes if o.task_id not in early]
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
-            written += self._outcomes.write([o for o in outcomes if o.task_id not in early])
+            written += self._outcomes.write(unwritten)
             mates = [
                 r
                 for r, res in zip(live, results, strict=True)
@@ -206,7 +207,7 @@ class DeviceRunner:
             outcomes += isolated
             written += self._outcomes.write(isolated, also=also)
         else:
-            written += self._outcomes.write([o for o in outcomes if o.task_id not in early], also=also)
+            written += self._outcomes.write(unwritten, also=also)
         if unrun:
             self._hand_back(batch, unrun, "r", "its batch used up its time bound")
         self.batches += 1
@@ -377,9 +378,7 @@ class DeviceRunner:
         control = self._control(model, runner, mates, until)
         outcomes, unrun = [], []
         for r in slow:
-            t0 = self.preempt.own_clock()
-            res = self.bisector.run(model, runner, [r], slow_lane=True, until=until)[0]
-            took = self.preempt.own_clock() - t0
+            res, took = self._run_alone(model, runner, r, until)
             if res is UNRUN:
                 unrun.append(r)
                 continue
@@ -411,14 +410,19 @@ class DeviceRunner:
         mate = max(mates, key=lambda r: r["tokens"]) if mates else self._reference.get(model)
         if mate is None:
             return None
-        t0 = self.preempt.own_clock()
-        res = self.bisector.run(model, runner, [mate], slow_lane=True, until=until)[0]
-        took = self.preempt.own_clock() - t0
+        res, took = self._run_alone(model, runner, mate, until)
         if res is UNRUN or isinstance(res, BaseException):
             return None
         # What the device does now is also what the cost model should expect next.
         self.bisector.costs[model].observe(mate["tokens"], took)
         return mate["tokens"], took
+
+    def _run_alone(self, model: str, runner: Any, r: dict[str, Any], until: float) -> tuple[Any, float]:
+        """One input alone, under the hard limit only: its result (or UNRUN, or its
+        error), and the seconds it took of this device's own time."""
+        t0 = self.preempt.own_clock()
+        res = self.bisector.run(model, runner, [r], slow_lane=True, until=until)[0]
+        return res, self.preempt.own_clock() - t0
 
     # --- talking to the collector -----------------------------------------------------
 

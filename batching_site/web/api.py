@@ -258,7 +258,7 @@ def _typed_operation(name: str) -> None:
         return _submit(request, values, payload.priority, name, payload.deadline_s)
 
     # Resolved here: with postponed annotations, "body" would name nothing ninja can find.
-    submit_to_model.__annotations__.update(request=HttpRequest, payload=body, return_=Status)
+    submit_to_model.__annotations__.update({"request": HttpRequest, "payload": body, "return": Status})
     submit_to_model.__doc__ = (
         f"Queue inputs for `{name}`. One input: {spec.input_description} One answer: {spec.output_description}"
     )

@@ -43,7 +43,7 @@ def accept(
         raise ValueError(f"unknown priority {priority!r}; choose one of: {', '.join(PRIORITIES)}")
     model_name = default_model if model is None else model
     spec = get_spec(model_name)  # type: ignore[arg-type]  # raises ValueError naming the known models
-    text = spec.validate_input(value)
+    valid = spec.validate_input(value)
     policy = policy.for_model(spec.name)
     if deadline_s is None:
         deadline_s = policy.default_deadline_s
@@ -55,12 +55,12 @@ def accept(
     ):
         raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
 
-    tokens = spec.count_tokens(text)
+    tokens = spec.count_tokens(valid)
     truncated = alone = False
     limit, what = min((spec.max_tokens, "model's limit"), (policy.max_batch_tokens, "batch token budget"))
     if tokens > limit:
         if policy.oversized == "truncate":
-            text, tokens = spec.truncate(text, limit)
+            valid, tokens = spec.truncate(valid, limit)
             truncated = True
         elif policy.oversized == "run_alone":
             alone = True
@@ -71,7 +71,7 @@ def accept(
 
     now = clock.now()  # Redis's clock: the collector and devices judge the deadline
     return Request(
-        input=text,
+        input=valid,
         tokens=tokens,
         model=spec.name,
         priority=str(priority),

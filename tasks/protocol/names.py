@@ -35,7 +35,7 @@ def batch_queue_name(lane: str) -> str:
     return SLOW_BATCH_QUEUE if lane == "slow" else BATCH_QUEUE
 
 
-#: device workers -> collector ("done", "slow", "hello").
+#: device workers -> collector ("done", "yielding", "slow", "hello").
 EVENTS_QUEUE = "collector.events"
 #: Celery's own queue for the collector worker (remote control, round_done).
 CONTROL_QUEUE = "collector.control"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import ModelSpec, check_device
-from .tokens import HFTokens
+from .tokens import HFTokens, find_tokenizer, model_limit
 
 __all__ = [
     "DTYPES",
@@ -133,6 +133,21 @@ class TokenizedSpec(ModelSpec):
         self.dtype = check_dtype(dtype)
         self.probe = _check_flag("probe", probe)
         self.decimals = _check_decimals(decimals)
+
+    def _init_saved(
+        self, directory: Path, *, max_tokens: object, dtype: object, probe: object, decimals: object
+    ) -> None:
+        """These options for a model saved with save_pretrained in `directory` (the
+        ``path`` option): counted by its tokenizer.json, limited by what its files say."""
+        TokenizedSpec.__init__(
+            self,
+            tokens=HFTokens(find_tokenizer(directory, "path")),
+            max_tokens=max_tokens,
+            limit=model_limit(directory),
+            dtype=dtype,
+            probe=probe,
+            decimals=decimals,
+        )
 
     def count_tokens(self, value: Any) -> int:
         return self.tokens.count(value)

@@ -16,7 +16,6 @@ from typing_extensions import TypedDict
 from ..base import check_text
 from .common import TokenizedSpec, model_directory
 from .sequence_classifier import labels_of
-from .tokens import HFTokens, find_tokenizer, model_limit
 
 if TYPE_CHECKING:
     from .torch_runner import TorchRunner
@@ -64,14 +63,7 @@ class CrossEncoderSpec(TokenizedSpec):
         self.output_description = "The passage's relevance to the query: " + (
             "the sigmoid of the model's logit, from 0 to 1." if sigmoid else "the model's logit; higher is better."
         )
-        super().__init__(
-            tokens=HFTokens(find_tokenizer(self.directory, "path")),
-            max_tokens=max_tokens,
-            limit=model_limit(self.directory),
-            dtype=dtype,
-            probe=probe,
-            decimals=decimals,
-        )
+        self._init_saved(self.directory, max_tokens=max_tokens, dtype=dtype, probe=probe, decimals=decimals)
 
     def validate_input(self, value: object) -> list[str]:
         if not isinstance(value, (list, tuple)) or len(value) != 2:

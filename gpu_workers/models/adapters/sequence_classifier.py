@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import TypedDict
 
 from .common import TokenizedSpec, model_directory
-from .tokens import HFTokens, find_tokenizer, model_limit, read_json
+from .tokens import read_json
 
 if TYPE_CHECKING:
     from .torch_runner import TorchRunner
@@ -76,14 +76,7 @@ class SequenceClassifierSpec(TokenizedSpec):
         self.output_description = (
             f"The most probable label (one of {', '.join(self.labels)}), its probability, and every label's."
         )
-        super().__init__(
-            tokens=HFTokens(find_tokenizer(self.directory, "path")),
-            max_tokens=max_tokens,
-            limit=model_limit(self.directory),
-            dtype=dtype,
-            probe=probe,
-            decimals=decimals,
-        )
+        self._init_saved(self.directory, max_tokens=max_tokens, dtype=dtype, probe=probe, decimals=decimals)
 
     def load(self, device: str) -> TorchRunner:
         from .runners import ClassifierRunner
