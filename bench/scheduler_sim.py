@@ -15,9 +15,15 @@ of one device fed by Poisson arrivals of mixed priorities and lengths:
 * like the collector, a scheduler holds at most ``--window`` requests per tier
   (COLLECTOR_WINDOW, 256); the rest wait in their tier's broker queue in arrival order.
 
-Schedulers: ``ours`` (tasks/core/scheduler.py), ``fifo`` (one queue in arrival order,
-same cap and padded-token budget) and ``strict`` (high, then normal, then low, arrival
-order within each). Only ours packs by length.
+Schedulers: ``ours`` (tasks/core/scheduler.py, learning the device's cost per batch and
+per padded token from the batches it ran, as the collector does), ``length-only`` (ours
+without a cost model: it never weighs one batch against two), ``fifo`` (one queue in
+arrival order, same cap and padded-token budget) and ``strict`` (high, then normal, then
+low, arrival order within each). Only ours packs by length.
+
+Devices (``--device``): ``cpu`` costs 5 ms a batch and 0.1 ms a padded token, so padding
+costs about what it computes; ``gpu`` costs 5 ms a batch and 5 us a padded token, so a
+batch's fixed cost dwarfs its padding.
 
 Reported per scheduler x load, over a measurement window after a warm-up: p50, p99 and
 max wait before dispatch per tier, each tier's share of served real tokens, fill ratio
@@ -29,6 +35,7 @@ Usage::
     .venv/bin/python bench/scheduler_sim.py               # plain-text table + target check
     .venv/bin/python bench/scheduler_sim.py --markdown    # the same as markdown (docs/scheduling.md)
     .venv/bin/python bench/scheduler_sim.py --seconds 60 --loads 0.5 3 --schedulers ours
+    .venv/bin/python bench/scheduler_sim.py --device gpu --loads 0.3 0.5 0.7 --schedulers ours length-only
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tasks.core.policy import PRIORITIES, BatchPolicy
 from tasks.core.scheduler import Batch, Item, Scheduler
+from tasks.core.slowness import CostModel
 
 #: (probability, shortest, longest) tokens per request.
 LENGTHS: tuple[tuple[float, int, int], ...] = ((0.70, 10, 20), (0.25, 50, 90), (0.05, 200, 256))
@@ -90,6 +98,12 @@ class Device:
         """Requests/s with full batches and no padding: an upper bound for any scheduler."""
         n = policy.max_batch_size
         return n / (self.overhead_s + n * MEAN_TOKENS * self.per_token_s)
+
+
+DEVICES: dict[str, Device] = {
+    "cpu": Device(overhead_s=0.005, per_token_s=0.0001),
+    "gpu": Device(overhead_s=0.005, per_token_s=0.000005),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,11 +211,16 @@ def strict(policy: BatchPolicy, clock: Callable[[], float]) -> Sched:
 
 
 def ours(policy: BatchPolicy, clock: Callable[[], float]) -> Sched:
+    return Scheduler(policy, clock, costs=CostModel())
+
+
+def length_only(policy: BatchPolicy, clock: Callable[[], float]) -> Sched:
     return Scheduler(policy, clock)
 
 
 SCHEDULERS: dict[str, Callable[[BatchPolicy, Callable[[], float]], Sched]] = {
     "ours": ours,
+    "length-only": length_only,
     "fifo": fifo,
     "strict": strict,
 }
@@ -320,6 +339,9 @@ def simulate(
                 sched.add(queue.popleft())
         took = device.batch_time(batch.padded_tokens)
         free_at = now + took
+        costs = getattr(sched, "costs", None)
+        if costs is not None:
+            costs.observe(batch.padded_tokens, took)  # as the collector learns from done reports
         if now >= warmup_s:
             res.batches += 1
             res.real += batch.real_tokens
@@ -440,9 +462,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--window", type=int, default=256, help="requests per tier the scheduler holds (COLLECTOR_WINDOW)"
     )
     parser.add_argument("--schedulers", nargs="+", choices=list(SCHEDULERS), default=list(SCHEDULERS))
+    parser.add_argument("--device", choices=list(DEVICES), default="cpu", help="what a batch costs")
     args = parser.parse_args(argv)
 
-    device, policy = Device(), POLICY
+    device, policy = DEVICES[args.device], POLICY
     capacity = device.capacity(policy)
     # The equal-thirds mix only matters under overload, where high can exceed its share.
     runs = [(load, "skewed") for load in args.loads] + [(load, "thirds") for load in args.loads if load > 1]

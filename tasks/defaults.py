@@ -105,6 +105,10 @@ ANONYMOUS_QUOTA = env.dict(
     cast={"value": float},
     default={"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05},
 )
+#: The collector weighs a request's padding against a second batch's fixed cost, both
+#: learned from the batches the devices ran (docs/scheduling.md). COST_PACKING=0 packs
+#: by the length spreads alone.
+COST_PACKING = env.bool("COST_PACKING", default=True)
 #: Requests the collector holds per tier before it stops taking from that queue.
 #: Bigger windows give the scheduler a fuller view to pack from.
 COLLECTOR_WINDOW = env.int("COLLECTOR_WINDOW", default=256)

@@ -228,7 +228,10 @@ class Collector:
             return
         sched = self.schedulers.get(request.model)
         if sched is None:
-            sched = self.schedulers[request.model] = Scheduler(self.policy.for_model(request.model), self.clock.now)
+            costs = self.slots.costs_of(request.model) if settings.COST_PACKING else None
+            sched = self.schedulers[request.model] = Scheduler(
+                self.policy.for_model(request.model), self.clock.now, costs=costs
+            )
         sched.add(item)
         self.held[task_id] = item
 
@@ -296,7 +299,7 @@ class Collector:
         for (model, batch), body in zip(formed, bodies, strict=True):
             for item in batch.items:
                 self.held.pop(item.id, None)
-            self.slots.sent(body["batch_id"], batch.padded_tokens, lane=body["lane"])
+            self.slots.sent(body["batch_id"], batch.padded_tokens, lane=body["lane"], model=model)
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
             self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)

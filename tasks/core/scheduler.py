@@ -25,6 +25,13 @@ How a batch is built (docs/scheduling.md says it for operators, with measurement
    among requests at most `aging_ms` younger than the tier's oldest: no request is ever
    overtaken by one more than `aging_ms` fresher, and every batch a tier seeds starts
    with its oldest.
+5. *Padding against a batch's fixed cost.* Given what a batch of this model costs on the
+   devices (a `CostModel` learned from batches that ran: a fixed cost per batch and a
+   cost per padded token), the spreads widen to any request whose padding costs less
+   than a batch of its own and makes the batch's device time more useful
+   (`_cheap_window`). On a GPU, where a batch's fixed cost dwarfs its padding, short and
+   medium texts then share a batch; on a CPU, where padding costs what it computes,
+   they stay about as the spreads keep them.
 
 A batch never exceeds `max_batch_size` requests or `max_batch_tokens` *padded* tokens
 (count x longest), except a lone oversized request that the edge accepted to run alone.
@@ -43,6 +50,7 @@ from typing import Generic, TypeVar
 
 from .budget import fits
 from .policy import PRIORITIES, BatchPolicy
+from .slowness import CostModel
 
 P = TypeVar("P")
 
@@ -168,9 +176,13 @@ class Scheduler(Generic[P]):
         clock: Callable[[], float],
         *,
         urgent_margin_s: float = 0.05,
+        costs: CostModel | None = None,
     ) -> None:
         self._policy = policy
         self._clock = clock
+        #: What a batch costs, as learned from the device (the caller feeds it); None, or
+        #: one not yet warmed up, packs by length alone.
+        self.costs = costs
         #: A request this close to its deadline is urgent: it goes before every tier and
         #: joins whatever batch is leaving, whatever its length.
         self.urgent_margin_s = urgent_margin_s
@@ -292,19 +304,19 @@ class Scheduler(Generic[P]):
         assert seed is not None
         chosen = [seed]
         self._take(seed)
-        padded_len = shortest = seed.tokens
+        padded_len = shortest = real = seed.tokens
         if not seed.alone and seed.tokens <= p.max_batch_tokens:
             while len(chosen) < p.max_batch_size:
                 item = self._due(now, padded_len, len(chosen))
                 if item is None:
-                    item = self._pick(now, seed.priority, padded_len, shortest, len(chosen), reason == "flush")
+                    item = self._pick(now, seed.priority, padded_len, shortest, len(chosen), real, reason == "flush")
                 if item is None:
                     break
                 chosen.append(item)
                 self._take(item)
                 padded_len = max(padded_len, item.tokens)
                 shortest = min(shortest, item.tokens)
-        real = sum(i.tokens for i in chosen)
+                real += item.tokens
         return Batch(tuple(chosen), len(chosen) * padded_len, real, reason, now)
 
     # --- internals ----------------------------------------------------------------
@@ -356,7 +368,9 @@ class Scheduler(Generic[P]):
         aged.sort(key=lambda a: a[0])
         return owed + [prio for _, prio in aged] + rest
 
-    def _pick(self, now: float, own: str, padded_len: int, shortest: int, size: int, flush: bool) -> Item[P] | None:
+    def _pick(
+        self, now: float, own: str, padded_len: int, shortest: int, size: int, real: int, flush: bool
+    ) -> Item[P] | None:
         """The next request for a batch seeded by tier `own`, or None to close it. A flush
         sends what is waiting in as few batches as the cap and budget allow, so it packs
         by least padding but ignores the spreads."""
@@ -370,6 +384,10 @@ class Scheduler(Generic[P]):
                 math.ceil(padded_len / self.rider_spread),
                 max(padded_len, math.floor(shortest * self.rider_spread)),
             )
+            cheap = self._cheap_window(padded_len, size, real)
+            if cheap is not None:
+                own_window = (min(own_window[0], cheap[0]), max(own_window[1], cheap[1]))
+                rider_window = (min(rider_window[0], cheap[0]), max(rider_window[1], cheap[1]))
         for prio in self._rank(now):
             if prio != own and self._credit[prio] <= -limit:
                 # A batch budget over its share already: it rides no more, or a tier whose
@@ -383,6 +401,34 @@ class Scheduler(Generic[P]):
             if item is not None:
                 return item
         return None
+
+    def _cheap_window(self, padded_len: int, size: int, real: int) -> tuple[int, int] | None:
+        """The lengths worth their padding in a batch of `size` requests of `real` tokens
+        padded to `padded_len`, or None while the batch cost is unknown. With the
+        learned cost `fixed + padded x per_token` (F = fixed / per_token, in tokens), a
+        request of L tokens joins if both hold:
+
+        - one batch takes the device less time than two: the padding it adds
+          (padded_len - L if shorter, size x (L - padded_len) if longer) is under F;
+        - it raises the batch's useful share, real / (F + padded): the device's time
+          goes more to real tokens, so a request that would fill a tighter batch of its
+          own kind is left to it.
+        """
+        costs = self.costs
+        if costs is None or costs.observed < costs.warmup:
+            return None
+        line = costs.line()
+        if line is None or line[0] <= 0 or line[1] <= 0:
+            return None
+        fixed = line[0] / line[1]
+        # Shorter: adds L real and padded_len computed tokens.
+        lo = max(math.ceil(padded_len - fixed), math.floor(real * padded_len / (fixed + size * padded_len)) + 1)
+        # Longer: adds L real and (size + 1) x L - size x padded_len computed tokens.
+        hi = math.floor(padded_len + fixed / max(1, size))
+        over = (size + 1) * real - fixed - size * padded_len
+        if over > 0:
+            hi = min(hi, math.ceil(real * size * padded_len / over) - 1)
+        return max(1, lo), max(hi, padded_len)
 
     def _take(self, item: Item[P]) -> None:
         # Every backlogged tier earns its guaranteed share (weight / sum of *all*

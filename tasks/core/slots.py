@@ -26,11 +26,13 @@ class Slots:
     #: itself is redelivered by the broker after the visibility timeout.
     stale_factor: float = 4.0
     stale_min_s: float = 3.0
-    costs: CostModel = field(default_factory=CostModel)
-    #: batch id -> (when sent, padded tokens).
-    outstanding: dict[str, tuple[float, int]] = field(default_factory=dict)
-    #: Batches that yielded: batch id -> (when sent, padded tokens).
-    background: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: What a batch of each model costs, learned from the devices' done reports: the
+    #: stale limit here, and the scheduler's one-batch-or-two choice (tasks/core/scheduler.py).
+    costs: dict[str, CostModel] = field(default_factory=dict)
+    #: batch id -> (when sent, padded tokens, model).
+    outstanding: dict[str, tuple[float, int, str]] = field(default_factory=dict)
+    #: Batches that yielded: batch id -> (when sent, padded tokens, model).
+    background: dict[str, tuple[float, int, str]] = field(default_factory=dict)
     #: Slow-lane batches not done: batch id -> when sent.
     slow: dict[str, float] = field(default_factory=dict)
     #: A background or slow-lane batch never reported done is forgotten after this long
@@ -51,9 +53,16 @@ class Slots:
         between that one's layers, so a slow-lane batch would wait, holding a slot)."""
         return max(0, devices - len(self.slow.keys() | self.background.keys()))
 
-    def sent(self, batch_id: str, padded_tokens: int, *, lane: str = "normal") -> None:
+    def costs_of(self, model: str) -> CostModel:
+        """The cost model of `model`'s batches (one is made at its first batch)."""
+        costs = self.costs.get(model)
+        if costs is None:
+            costs = self.costs[model] = CostModel()
+        return costs
+
+    def sent(self, batch_id: str, padded_tokens: int, *, lane: str = "normal", model: str = "") -> None:
         now = self.clock()
-        self.outstanding[batch_id] = (now, padded_tokens)
+        self.outstanding[batch_id] = (now, padded_tokens, model)
         if lane == "slow":
             self.slow[batch_id] = now
 
@@ -70,17 +79,19 @@ class Slots:
         if not isinstance(batch_id, str):
             return False
         self.slow.pop(batch_id, None)
-        if self.outstanding.pop(batch_id, None) is None and self.background.pop(batch_id, None) is None:
+        sent = self.outstanding.pop(batch_id, None) or self.background.pop(batch_id, None)
+        if sent is None:
             return False
-        self.costs.observe(padded_tokens, run_s)
+        self.costs_of(sent[2]).observe(padded_tokens, run_s)
         return True
 
     def reclaim_stale(self) -> list[tuple[str, float]]:
         """Free the slots of batches presumed lost: (batch id, seconds since sent)."""
         now = self.clock()
         stale = []
-        for batch_id, (sent, padded) in list(self.outstanding.items()):
-            limit = slow_after(self.costs.expected_s(padded), factor=self.stale_factor, floor_s=self.stale_min_s)
+        for batch_id, (sent, padded, model) in list(self.outstanding.items()):
+            expected = self.costs_of(model).expected_s(padded)
+            limit = slow_after(expected, factor=self.stale_factor, floor_s=self.stale_min_s)
             if now - sent > limit:
                 stale.append((batch_id, now - sent))
                 del self.outstanding[batch_id]

@@ -110,6 +110,7 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     from tasks.collector.loop import Collector
     from tasks.core.clock import FakeClock
     from tasks.core.policy import BatchPolicy
+    from tasks.core.slots import Slots
 
     class Recorder:
         def __init__(self) -> None:
@@ -122,6 +123,7 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     collector = Collector.__new__(Collector)
     collector.held, collector.slow_inputs, collector.stats = {}, set(), {"rejected": 0}
     collector.clock, collector.schedulers, collector.policy = FakeClock(), {}, BatchPolicy()
+    collector.slots = Slots(collector.clock.now)
     collector.outcomes = Recorder()  # type: ignore[assignment]
     collector.redis = None
     collector.lease = SimpleNamespace(token="1")  # type: ignore[assignment]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tasks.core.policy import PRIORITIES, BatchPolicy
 from tasks.core.scheduler import Batch, Item, Scheduler
+from tasks.core.slowness import CostModel
 
 
 class ManualClock:
@@ -160,6 +161,58 @@ def test_a_flush_also_packs_by_length() -> None:
     batches = drain(s)
     assert len(batches) == 3  # as few as the cap allows
     assert packed(batches) > fifo_fill(LENGTH_MIX, 4) + 0.1
+
+
+def learned(overhead_s: float, per_token_s: float) -> CostModel:
+    """A cost model that has seen batches of `overhead + padded x per_token` seconds."""
+    costs = CostModel()
+    for padded in (100, 400, 900, 1600, 2500, 3600):
+        costs.observe(padded, overhead_s + padded * per_token_s)
+    return costs
+
+
+def one_batch_or_two(costs: CostModel | None) -> list[Batch[None]]:
+    """Four short requests and two medium ones wait when the device frees (max_wait 0)."""
+    s = Scheduler(BatchPolicy(max_batch_size=32, max_batch_tokens=8192), ManualClock(), costs=costs)
+    s.add_many([item(tokens=12) for _ in range(4)] + [item(tokens=70) for _ in range(2)])
+    batches = []
+    while (b := s.next_batch()) is not None:
+        batches.append(b)
+    return batches
+
+
+def test_where_a_batch_costs_more_than_its_padding_short_and_medium_texts_share_one() -> None:
+    # A GPU: 5 ms a batch, 5 us a padded token. Together: 5 + 6 x 70 x 0.005 = 7.1 ms;
+    # apart: 5 + 0.24 and 5 + 0.7 = 10.94 ms.
+    [batch] = one_batch_or_two(learned(0.005, 0.000005))
+    assert sorted(i.tokens for i in batch.items) == [12, 12, 12, 12, 70, 70]
+    assert batch.padded_tokens == 6 * 70
+
+
+def test_where_padding_costs_more_than_a_batch_they_stay_apart() -> None:
+    # A CPU: 5 ms a batch, 0.1 ms a padded token: 4 x 58 padded tokens cost 23 ms > 5.
+    batches = one_batch_or_two(learned(0.005, 0.0001))
+    assert [sorted(i.tokens for i in b.items) for b in batches] == [[12] * 4, [70, 70]]
+
+
+def test_packing_is_by_length_alone_until_the_cost_is_known() -> None:
+    assert len(one_batch_or_two(None)) == 2
+    unwarmed = CostModel()
+    unwarmed.observe(100, 0.0055)
+    assert len(one_batch_or_two(unwarmed)) == 2
+
+
+def test_a_lone_request_takes_a_longer_one_along_when_that_costs_less_than_two_batches() -> None:
+    # The CPU above: 12 and 40 tokens apart cost 5 + 1.2 and 5 + 4 ms; together 5 + 8 ms.
+    # The length spread alone (2x) would send them apart.
+    s = Scheduler(BatchPolicy(), ManualClock(), costs=learned(0.005, 0.0001))
+    s.add_many([item(tokens=12), item(tokens=40)])
+    batch = s.next_batch()
+    assert batch is not None and [i.tokens for i in batch.items] == [12, 40]
+    s, _ = make()
+    s.add_many([item(tokens=12), item(tokens=40)])
+    batch = s.next_batch()
+    assert batch is not None and [i.tokens for i in batch.items] == [12]
 
 
 def test_each_batch_is_seeded_by_its_tiers_oldest() -> None:

@@ -103,3 +103,14 @@ def test_no_slow_lane_batch_for_a_device_inside_a_batch_that_yields() -> None:
     assert slots.slow_free(devices=1) == 0, "a slow-lane batch would wait in the broker"
     slots.done("first sighting", 400, 2.0)
     assert slots.slow_free(devices=1) == 1
+
+
+def test_costs_are_learned_per_model_from_what_each_batch_ran() -> None:
+    slots = Slots(clock=lambda: 0.0)
+    slots.sent("a", 100, model="minilm")
+    slots.sent("b", 100, model="reranker")
+    slots.yielded("b")
+    assert slots.done("a", 100, 0.01) and slots.done("b", 100, 0.5)
+    assert slots.costs_of("minilm").expected_s(100) == pytest.approx(0.01)
+    assert slots.costs_of("reranker").expected_s(100) == pytest.approx(0.5)
+    assert slots.costs_of("classifier").observed == 0
