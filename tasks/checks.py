@@ -1,7 +1,10 @@
-"""System checks for `manage.py check --deploy`: what must not be on in production."""
+"""System checks: what must not be on in production (`manage.py check --deploy`), and
+what must hold for the system to work at all (every `manage.py` command, `make run`'s
+migrate included)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
@@ -54,3 +57,28 @@ def quotas_valid(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 )
             )
     return errors
+
+
+#: The oldest Celery the answers reach callers with. pyproject.toml asks for it, but a
+#: package pinning an older one can downgrade it (celery-batches 0.11 pulls 5.6.3 unless
+#: installed with --no-deps), and under 5.6.3 beside kombu 5.7 a caller's `.get()` never
+#: heard its answer: the answer was in Redis, the caller waited until its timeout.
+MIN_CELERY = (5, 7)
+
+
+@checks.register()
+def celery_version(app_configs: Any = None, *, version: str | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    import celery
+
+    found = version or celery.__version__
+    if tuple(int(part) for part in re.findall(r"\d+", found)[:2]) >= MIN_CELERY:
+        return []
+    return [
+        checks.Error(
+            f"Celery {found} is installed, and this project needs {'.'.join(map(str, MIN_CELERY))} or newer: "
+            "with an older one a caller's .get() may never hear its answer",
+            hint="pip install 'celery[redis]>=5.7,<6' (make venv does); install a package that pins an older "
+            "Celery with --no-deps, as make bench installs celery-batches",
+            id="batching.E002",
+        )
+    ]
