@@ -192,6 +192,14 @@ def build(
         # Known-slow inputs waiting apart (tasks/core/slowlane.py): how many, the oldest's
         # wait, and the lane's share of device time over the last minute.
         "slow_lane": collector.get("slow_lane") or {"depth": 0, "oldest_wait_s": 0.0, "device_share": 0.0},
+        # What a batch of each model costs, as the collector learned it and packs by
+        # (docs/scheduling.md): ms a batch, us a padded token, and so how many padded
+        # tokens cost as much as a second batch.
+        "costs": {
+            model: {**line, "tokens_per_batch": round(1000 * line["batch_ms"] / line["token_us"])}
+            for model, line in (collector.get("costs") or {}).items()
+            if line.get("token_us")
+        },
         "slo": evaluate_slo(slo, wait=wait, minute=minute, devices=devices, collector_up=collector_up),
         "series": chart_series(series, since=since),
         "recent": {"failed": snap.recent_failed, "slow": snap.recent_slow},

@@ -105,7 +105,12 @@ def heartbeat(c: Collector, r: Any) -> dict[str, int]:
             # What a batch of each model costs, as the scheduler weighs padding against
             # a second batch: fixed ms per batch and us per padded token.
             "costs": {
-                model: {"batch_ms": round(line[0] * 1000, 3), "token_us": round(line[1] * 1e6, 3)}
+                model: {
+                    "batch_ms": round(line[0] * 1000, 3),
+                    "token_us": round(line[1] * 1e6, 3),
+                    "batches": costs.observed,
+                    "used": costs.observed >= costs.warmup,
+                }
                 for model, costs in c.slots.costs.items()
                 if (line := costs.line()) is not None
             },

@@ -102,6 +102,8 @@ def test_submit_from_the_page_then_watch_the_dashboard_move(
         assert dash.get_attribute("#flower-link", "href")
         assert dash.locator("#slo-checks .slo").count() >= 5
         assert dash.locator("#chart-depth path").count() >= 1  # the series has points by now
+        # The collector learned what a batch costs from the batch that just ran.
+        dash.wait_for_function("document.getElementById('batch-costs').textContent.startsWith('batch cost (learned)')")
         shoot(dash, "dashboard")
     finally:
         context.close()

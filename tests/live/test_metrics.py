@@ -192,7 +192,13 @@ def test_stats_rates_utilisation_and_a_breached_slo() -> None:
         at=now,
         series=_series(120, t0=now - 119, per_s=20, failed_per_s=1),
         devices={"cpu:0@h": {"device": "cpu:0", "at": now - 1, "started_at": now - 500, "busy_s": 60.0}},
-        collector={"at": now - 0.2, "buffered": {"high": 2}, "hostname": "h", "policy_version": 3},
+        collector={
+            "at": now - 0.2,
+            "buffered": {"high": 2},
+            "hostname": "h",
+            "policy_version": 3,
+            "costs": {"minilm": {"batch_ms": 20.0, "token_us": 500.0, "batches": 9, "used": True}},
+        },
         broker={"requests.high": 5},
     )
     out = stats.build(snap, slo=stats.Slo(p99_wait_ms={"high": 250.0}, error_rate=0.01), flower_url="http://f/")
@@ -206,6 +212,13 @@ def test_stats_rates_utilisation_and_a_breached_slo() -> None:
     assert out["slo"]["ok"] is False
     assert len(out["series"]["t"]) == 119 and out["series"]["throughput"][-1] == 20.0
     assert out["links"]["flower"] == "http://f/"
+    assert out["costs"]["minilm"] == {
+        "batch_ms": 20.0,
+        "token_us": 500.0,
+        "batches": 9,
+        "used": True,
+        "tokens_per_batch": 40,
+    }
 
     # A page that has every point up to now - 10 s gets only the ten newer ones.
     assert len(stats.build(snap, slo=stats.Slo(), since=now - 10)["series"]["t"]) == 10
