@@ -37,18 +37,9 @@ from bench.workload import corpus  # noqa: E402
 
 
 def one_run(b: run_all.Bench, redis_url: str, texts: list[str], packing: bool, n: int) -> dict[str, Any]:
-    from batching_site.harness import LocalSystem
     from tasks.store import shared_state
 
-    system = LocalSystem(
-        devices=["cpu:0", "cpu:1"],
-        preload="minilm",
-        env={"LOG_LEVEL": "INFO", "TORCH_THREADS": "0", "COST_PACKING": "1" if packing else "0"},
-        redis_url=redis_url,
-        log_dir=str(b.logs / f"packing-{int(packing)}"),
-        web=True,
-        flower=True,
-    )
+    system = run_all.make_run_system(redis_url, b.logs / f"packing-{int(packing)}", COST_PACKING=str(int(packing)))
     with run_all._serving(b, system, redis_url) as call:
         b.load("warm-up", call, texts[: b.sizes.warmup], run_all.MAIN_THREADS)
         before = run_all._pipeline_stats(shared_state)

@@ -274,25 +274,29 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
     return stats
 
 
-def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
-    """The system as `make run` starts it, driven the way a script drives it: one caller
-    at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`."""
+def make_run_system(redis_url: str, log_dir: Path, **env: str) -> Any:
+    """The process set `make run` starts (SYSTEM_MAKE_RUN) on `redis_url`, with `env`
+    over what `make run` leaves to the defaults."""
     from batching_site.harness import LocalSystem
 
-    b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
-    system = LocalSystem(
+    return LocalSystem(
         devices=["cpu:0", "cpu:1"],
         preload="minilm",
-        # What `make run` leaves to the defaults: INFO logging, torch threads split
-        # between the devices (the TORCH_THREADS this process's parent may have set
-        # for the harness rows does not apply).
-        env={"LOG_LEVEL": "INFO", "TORCH_THREADS": "0"},
+        # INFO logging, torch threads split between the devices (the TORCH_THREADS this
+        # process's parent may have set for the harness rows does not apply).
+        env={"LOG_LEVEL": "INFO", "TORCH_THREADS": "0", **env},
         redis_url=redis_url,
-        log_dir=str(b.logs / "make-run"),
+        log_dir=str(log_dir),
         web=True,
         flower=True,
     )
-    with _serving(b, system, redis_url) as call:
+
+
+def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
+    """The system as `make run` starts it, driven the way a script drives it: one caller
+    at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`."""
+    b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
+    with _serving(b, make_run_system(redis_url, b.logs / "make-run"), redis_url) as call:
         b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.warmup], MAIN_THREADS)
         b.stage("make run system: one caller at a time, then 16 callers")
         b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.idle_texts], 1), kind="make run")

@@ -109,7 +109,7 @@ def heartbeat(c: Collector, r: Any) -> dict[str, int]:
                     "batch_ms": round(line[0] * 1000, 3),
                     "token_us": round(line[1] * 1e6, 3),
                     "batches": costs.observed,
-                    "used": costs.observed >= costs.warmup,
+                    "used": costs.warm,
                 }
                 for model, costs in c.slots.costs.items()
                 if (line := costs.line()) is not None

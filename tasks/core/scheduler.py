@@ -415,7 +415,7 @@ class Scheduler(Generic[P]):
           own kind is left to it.
         """
         costs = self.costs
-        if costs is None or costs.observed < costs.warmup:
+        if costs is None or not costs.warm:
             return None
         line = costs.line()
         if line is None or line[0] <= 0 or line[1] <= 0:

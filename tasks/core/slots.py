@@ -95,9 +95,9 @@ class Slots:
             if now - sent > limit:
                 stale.append((batch_id, now - sent))
                 del self.outstanding[batch_id]
-        for kept in (self.background, self.slow):
-            for batch_id, value in list(kept.items()):
-                sent = value[0] if isinstance(value, tuple) else value
-                if now - sent > self.forget_after_s:
-                    del kept[batch_id]
+        sent_at = {batch_id: sent for batch_id, (sent, _, _) in self.background.items()} | self.slow
+        for batch_id, sent in sent_at.items():
+            if now - sent > self.forget_after_s:
+                self.background.pop(batch_id, None)
+                self.slow.pop(batch_id, None)
         return stale

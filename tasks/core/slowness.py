@@ -60,6 +60,11 @@ class CostModel:
         # Batches all of one cost (or a fit that makes no physical sense): a rate alone.
         return 0.0, st / sp
 
+    @property
+    def warm(self) -> bool:
+        """Seen enough batches (`warmup`) for its averages to be acted on."""
+        return self.observed >= self.warmup
+
     def expected_s(self, padded_tokens: int) -> float | None:
         line = self.line()
         if line is None:
@@ -70,7 +75,7 @@ class CostModel:
     def limit_s(self, padded_tokens: int) -> float:
         """How long a batch of this cost may run before it counts as slow."""
         expected = self.expected_s(padded_tokens)
-        if expected is None or self.observed < self.warmup:
+        if expected is None or not self.warm:
             return self.hard_limit_s
         return min(self.hard_limit_s, slow_after(expected, factor=self.factor, floor_s=self.floor_s))
 
