@@ -160,6 +160,11 @@ class LocalSystem:
         for name, cmd in programs.items():
             self.add(name, cmd, self.program_env.get(name))
         self.wait_ready(len(self.devices), timeout)
+        # Web and Flower import for seconds on start: a benchmark that started measuring
+        # before they answer shared the CPU with them (a transient in its first seconds).
+        for port, path in ((self.web_port, "/healthz"), (self.flower_port, "/")):
+            if port is not None:
+                self.wait_http(port, path, timeout)
         return self
 
     def start_redis(self) -> None:
@@ -261,6 +266,19 @@ class LocalSystem:
             return len(live) >= devices and collector is not None and json.loads(collector)["devices"] >= devices
 
         self._wait(ready, f"collector and {devices} device worker(s)", timeout)
+
+    def wait_http(self, port: int, path: str, timeout: float = 60.0) -> None:
+        """Until something answers HTTP on this port (any status: Flower may ask to log in)."""
+
+        def answers() -> bool:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", path)
+                return conn.getresponse().status > 0
+            finally:
+                conn.close()
+
+        self._wait(answers, f"an HTTP answer on port {port}", timeout)
 
     def wait_running(self, name: str, timeout: float = 60.0) -> None:
         """Until supervisord reports `name` RUNNING (again)."""
