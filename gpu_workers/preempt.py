@@ -12,15 +12,6 @@ to the end, and goes back to the long one. What may yield:
   it is probably slow (a new slow input, or a busy device), and whatever it does next,
   the cut-off and the bisection included, lets others go first.
 
-How much a batch gives away: a slow-lane batch, and a new slow input's run alone once
-it has shown itself slow (`yield_freely`), give the device to whatever waits, every
-time; they can wait. Any other batch is ordinary traffic, its requests callers like those
-waiting, so it keeps LONG_BATCH_SHARE of the device while it yields: it takes a waiting
-batch only while what it has lent since it began yielding is under (1 - share) / share
-times its own run since then. Without that bound a batch cut off for a new slow input
-went through its bisection only when the queue ran dry, and with the collector feeding
-the device a batch as each one ended, its batch-mates waited seconds.
-
 The first time a batch yields, the device tells the collector (a `yielding` event), which
 stops counting that batch against the device's slot and sends the next batch at once
 (tasks/core/slots.py). The device picks it up with a non-blocking `basic_get` on the
@@ -76,33 +67,15 @@ class _Armed:
     yield_at: float
     #: Preempting batches may still take this many seconds inside this batch.
     budget_s: float
-    #: Seconds it may lend per second of its own run while it yields (None: no bound).
-    lend_ratio: float | None
-    #: It may yield at all (preemption on, and not too deep).
-    may_yield: bool = True
     announced: bool = False
     next_poll: float = 0.0
-    #: own_clock() when it first yielded, and the seconds lent since.
-    own_at_yield: float | None = None
-    lent_s: float = 0.0
-    #: (own_clock() reading, what to call once it is reached), between two layers.
-    milestone: tuple[float, Callable[[], object]] | None = None
 
 
 class Preemption:
     def __init__(
-        self,
-        app: Celery,
-        watchdog: Watchdog,
-        *,
-        emit: Callable[[dict[str, Any]], None],
-        device_id: str,
-        hostname: str,
-        clock: Callable[[], float] = time.monotonic,
+        self, app: Celery, watchdog: Watchdog, *, emit: Callable[[dict[str, Any]], None], device_id: str, hostname: str
     ) -> None:
         self.app = app
-        #: time.monotonic(), as the runner's time bounds are (a fake in tests).
-        self._clock = clock
         self.watchdog = watchdog
         self._emit = emit
         self.device_id = device_id
@@ -124,9 +97,9 @@ class Preemption:
     # --- for the device runner ---------------------------------------------------------
 
     def own_clock(self) -> float:
-        """The clock less the time spent on preempting batches: what the batch
+        """perf_counter() less the time spent on preempting batches: what the batch
         being run has itself taken, read at its start and its end."""
-        return self._clock() - self.nested_s
+        return time.perf_counter() - self.nested_s
 
     @property
     def nested_until(self) -> float | None:
@@ -135,43 +108,20 @@ class Preemption:
         return self._untils[-1] if self._untils else None
 
     @contextmanager
-    def armed(self, batch_id: str, *, yield_after_s: float | None, slow_lane: bool = False) -> Iterator[None]:
-        """While this batch runs, it may yield after `yield_after_s` (None: never): a
-        slow-lane batch without bound, any other keeping LONG_BATCH_SHARE of the device.
-        A batch that preempts another may yield in turn (a new slow input can be in it),
+    def armed(self, batch_id: str, *, yield_after_s: float | None) -> Iterator[None]:
+        """While this batch runs, it may yield after `yield_after_s` (None: never). A
+        batch that preempts another may yield in turn (a new slow input can be in it),
         down to MAX_DEPTH batches deep."""
-        may_yield = self.enabled and len(self._running) < MAX_DEPTH
-        yield_at = float("inf") if not may_yield or yield_after_s is None else self._clock() + yield_after_s
+        if not self.enabled or yield_after_s is None or len(self._running) >= MAX_DEPTH:
+            yield_at = float("inf")
+        else:
+            yield_at = time.monotonic() + yield_after_s
         budget = settings.VISIBILITY_TIMEOUT_S - settings.BATCH_HARD_LIMIT_S - settings.HANG_GRACE_S
-        share = settings.LONG_BATCH_SHARE
-        ratio = None if slow_lane else (1.0 - share) / share
-        self._running.append(_Armed(batch_id, yield_at, budget, ratio, may_yield))
+        self._running.append(_Armed(batch_id, yield_at, budget))
         try:
             yield
         finally:
             self._running.pop()
-
-    @contextmanager
-    def at_own_time(self, after_s: float, then: Callable[[], object]) -> Iterator[None]:
-        """While the batch running now (the innermost) runs on, call `then` once,
-        between two of its layers, when it has run `after_s` more of its own time (with
-        the watchdog paused: it may talk to Redis). Not called if it ends sooner."""
-        armed = self._running[-1] if self._running else None
-        if armed is not None:
-            armed.milestone = (self.own_clock() + after_s, then)
-        try:
-            yield
-        finally:
-            if armed is not None:
-                armed.milestone = None
-
-    def yield_freely(self) -> None:
-        """From now on the batch running (the innermost) gives the device to whatever
-        waits, without bound: what it runs next is a slow input alone."""
-        if self._running and self._running[-1].may_yield:
-            armed = self._running[-1]
-            armed.lend_ratio = None
-            armed.yield_at = min(armed.yield_at, self._clock())
 
     def between_steps(self) -> None:
         """BatchRunner.between_steps: run the next waiting batch, if the batch running
@@ -179,20 +129,9 @@ class Preemption:
         if not self._running:
             return
         armed = self._running[-1]
-        if armed.milestone is not None and self.own_clock() >= armed.milestone[0]:
-            then, armed.milestone = armed.milestone[1], None
-            with self.watchdog.paused() as ok:
-                if ok:
-                    then()
-        now = self._clock()
+        now = time.monotonic()
         if now < armed.yield_at or now < armed.next_poll or armed.budget_s < MIN_NESTED_S:
             return
-        if armed.lend_ratio is not None:
-            own = self.own_clock()
-            if armed.own_at_yield is None:
-                armed.own_at_yield = own
-            if armed.lent_s > armed.lend_ratio * (own - armed.own_at_yield):
-                return  # it has lent its share: its own turn
         armed.next_poll = now + POLL_EVERY_S
         # Paused for the look at the queue too: the watchdog's interruption must never
         # land inside a Redis call (it would be caught there, or leave a reply half read).
@@ -208,18 +147,17 @@ class Preemption:
                 return
             until = now + min(settings.BATCH_HARD_LIMIT_S, armed.budget_s)
             self._untils.append(min(until, self._untils[-1]) if self._untils else until)
-            t0, inside = self._clock(), self.nested_s
+            t0, inside = time.perf_counter(), self.nested_s
             try:
                 self._run(message)
             except Exception:
                 # Left unacked: the broker hands it out again after the visibility timeout.
                 log.exception("a batch run inside batch %s failed", armed.batch_id)
             finally:
-                took = self._clock() - t0
+                took = time.perf_counter() - t0
                 # What deeper batches took inside this one is already counted.
                 self.nested_s += took - (self.nested_s - inside)
                 armed.budget_s -= took
-                armed.lent_s += took
                 self._untils.pop()
                 self.preempted += 1
 

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 from celery import Celery
@@ -28,7 +27,7 @@ from django.conf import settings
 
 from tasks import metrics
 from tasks.core.errors import DeadlineExceeded, ModelUnavailable, WorkerCrashed
-from tasks.core.slowness import confirm_after, confirms_slow, fingerprint
+from tasks.core.slowness import confirms_slow, fingerprint
 from tasks.protocol import events as flower_events
 from tasks.protocol import wire
 from tasks.protocol.names import EVENTS_QUEUE
@@ -130,9 +129,7 @@ class DeviceRunner:
         # A batch that preempts another runs inside it: restore the one it interrupted.
         outer, self._running = self._running, (batch, todo)
         try:
-            with self.preempt.armed(
-                batch["batch_id"], yield_after_s=self._yield_after(batch, todo), slow_lane=batch.get("lane") == "slow"
-            ):
+            with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
                 return self._execute(batch, todo)
         finally:
             self._running = outer
@@ -375,43 +372,29 @@ class DeviceRunner:
         """Run each input that made its batch too slow alone, and remember it for the
         slow lane only if it is slow in itself: judged against a batch-mate run alone
         just before it (tasks/core/slowness.py::confirms_slow), so a device that was
-        merely busy flags nothing. It is remembered the moment its run passes that
-        bound (`confirm_after`), not when the run ends, and from then on lends the
-        device freely. Returns the outcomes, and the inputs the batch's time bound left
-        unrun."""
+        merely busy flags nothing. Returns the outcomes, and the inputs the batch's
+        time bound left unrun."""
         runner = self.model(model)
         control = self._control(model, runner, mates, until)
-        judge = {
-            "factor": settings.SLOW_CONFIRM_FACTOR,
-            "floor_s": settings.SLOW_FLOOR_S,
-            "expected": self.bisector.costs[model].expected_s,
-        }
         outcomes, unrun = [], []
         for r in slow:
-            after = confirm_after(r["tokens"], control, **judge) if control is not None else None
-            remembered: list[str] = []
-
-            def slow_now(r: dict[str, Any] = r, remembered: list[str] = remembered) -> None:
-                # Remembered the moment it passes, not when it ends: a copy sent meanwhile
-                # goes to the slow lane instead of into another batch (left to run under
-                # load, one offender made batch after batch slow, and the device fell
-                # behind). From then on it is slow-lane work: it gives the device to
-                # whatever waits.
-                remembered.append(self._remember_slow(model, r))
-                self.preempt.yield_freely()
-
-            with self.preempt.at_own_time(after, slow_now) if after is not None else nullcontext():
-                res, took = self._run_alone(model, runner, r, until)
+            res, took = self._run_alone(model, runner, r, until)
             if res is UNRUN:
                 unrun.append(r)
                 continue
-            confirmed, ratio = bool(remembered), 0.0
+            confirmed, ratio = False, 0.0
             if control is not None and not isinstance(res, BaseException):
-                done_slow, ratio = confirms_slow((r["tokens"], took), control, **judge)
-                if done_slow and not remembered:
-                    remembered.append(self._remember_slow(model, r))
-                confirmed = bool(remembered)
+                confirmed, ratio = confirms_slow(
+                    (r["tokens"], took),
+                    control,
+                    factor=settings.SLOW_CONFIRM_FACTOR,
+                    floor_s=settings.SLOW_FLOOR_S,
+                    expected=self.bisector.costs[model].expected_s,
+                )
             if confirmed:
+                fp = fingerprint(model, r["input"])
+                shared_state.remember_slow_input(fp)
+                self._emit({"kind": "slow", "fingerprint": fp})
                 self.isolated += 1
             else:
                 self.suspected += 1
@@ -419,14 +402,6 @@ class DeviceRunner:
             outcome.details["slow_ratio"] = round(ratio, 2)
             outcomes.append(outcome)
         return outcomes, unrun
-
-    def _remember_slow(self, model: str, r: dict[str, Any]) -> str:
-        """Remember an input as slow in itself and tell the collector: from now on it
-        goes to the slow lane. Its fingerprint."""
-        fp = fingerprint(model, r["input"])
-        shared_state.remember_slow_input(fp)
-        self._emit({"kind": "slow", "fingerprint": fp})
-        return fp
 
     def _control(self, model: str, runner: Any, mates: list[dict[str, Any]], until: float) -> tuple[int, float] | None:
         """The device's speed now: the longest batch-mate that ran in time (else the

@@ -166,10 +166,6 @@ SLOW_FLOOR_S = env.float("SLOW_FLOOR_S", default=0.02)
 #: PREEMPTION=0 turns it off.
 PREEMPTION = env.bool("PREEMPTION", default=True)
 PREEMPT_AFTER = env.float("PREEMPT_AFTER", default=2.0)
-#: While it lets waiting batches run, an ordinary batch keeps at least this share of its
-#: device: its requests are ordinary traffic too, and with the queue always fed they were
-#: starved for seconds. A slow-lane batch, and a slow input's run alone, keep none.
-LONG_BATCH_SHARE = env.float("LONG_BATCH_SHARE", default=0.5)
 #: One time bound for a whole batch, bisection and isolation included: each model call
 #: gets at most what is left of it, and what it leaves unrun goes back to the queue. By
 #: default 20 s, or two thirds of a shorter visibility timeout.
@@ -185,7 +181,6 @@ _check(SLOW_FACTOR > 1, "SLOW_FACTOR", SLOW_FACTOR, "over 1")
 _check(SLOW_CONFIRM_FACTOR > 1, "SLOW_CONFIRM_FACTOR", SLOW_CONFIRM_FACTOR, "over 1")
 _check(SLOW_FLOOR_S > 0, "SLOW_FLOOR_S", SLOW_FLOOR_S, "a positive number of seconds")
 _check(PREEMPT_AFTER >= 0, "PREEMPT_AFTER", PREEMPT_AFTER, "0 or more (times the expected batch time)")
-_check(0 < LONG_BATCH_SHARE <= 1, "LONG_BATCH_SHARE", LONG_BATCH_SHARE, "over 0 and at most 1")
 _check(HANG_GRACE_S > 0, "HANG_GRACE_S", HANG_GRACE_S, "a positive number of seconds")
 # A batch still running (or hung and not yet found) when the broker hands it to another
 # device would run twice.

@@ -80,39 +80,6 @@ class CostModel:
         return min(self.hard_limit_s, slow_after(expected, factor=self.factor, floor_s=self.floor_s))
 
 
-def expected_now(
-    suspect_tokens: int, control: tuple[int, float], expected: Callable[[int], float | None] | None = None
-) -> float | None:
-    """How long an input of `suspect_tokens` should take alone at the device's speed now:
-    its expected time (`expected`, seconds for padded tokens; per token when there is
-    none), scaled by how `control` (padded tokens, seconds), an input that ran in time,
-    alone, on the same device just before, did against its own. None without a usable
-    control."""
-    p_c, t_c = control
-    if suspect_tokens <= 0 or p_c <= 0 or t_c <= 0:
-        return None
-    e_s, e_c = (expected(suspect_tokens), expected(p_c)) if expected is not None else (None, None)
-    if not e_s or not e_c:
-        e_s, e_c = float(suspect_tokens), float(p_c)
-    return e_s * t_c / e_c
-
-
-def confirm_after(
-    suspect_tokens: int,
-    control: tuple[int, float],
-    *,
-    factor: float,
-    floor_s: float,
-    expected: Callable[[int], float | None] | None = None,
-) -> float | None:
-    """How long an input may run alone before it counts as slow in itself and not the
-    device: `factor` times `expected_now`, never under `floor_s` (a busy machine slows
-    the control alike). Known before the suspect ends, so it can be remembered the moment
-    it passes. None without a usable control."""
-    now = expected_now(suspect_tokens, control, expected)
-    return None if now is None else max(floor_s, factor * now)
-
-
 def confirms_slow(
     suspect: tuple[int, float],
     control: tuple[int, float],
@@ -121,14 +88,21 @@ def confirms_slow(
     floor_s: float,
     expected: Callable[[int], float | None] | None = None,
 ) -> tuple[bool, float]:
-    """Is an input slow in itself, or was the device just slow? `suspect` (padded
-    tokens, seconds) ran alone right after `control` (`expected_now`). Returns (slow, how
-    many times the control's slowdown the suspect's was)."""
-    p_s, t_s = suspect
-    now = expected_now(p_s, control, expected)
-    if now is None:
+    """Is an input slow in itself, or was the device just slow? Both ran alone, one
+    right after the other, on the same device: `suspect` (padded tokens, seconds) and
+    `control`, an input that ran in time. Each is measured against what the cost model
+    expects for its size (`expected`, seconds for padded tokens; per token when there is
+    none), and the suspect against the control: the device's speed now, whatever it was
+    when the model learned. A busy machine slows both alike. Returns (slow, how many
+    times the control's slowdown the suspect's was)."""
+    (p_s, t_s), (p_c, t_c) = suspect, control
+    if p_s <= 0 or p_c <= 0 or t_c <= 0:
         return False, 0.0
-    return t_s >= max(floor_s, factor * now), t_s / now
+    e_s, e_c = (expected(p_s), expected(p_c)) if expected is not None else (None, None)
+    if not e_s or not e_c:
+        e_s, e_c = float(p_s), float(p_c)
+    ratio = (t_s / e_s) / (t_c / e_c)
+    return (t_s >= floor_s and ratio >= factor), ratio
 
 
 def slow_after(expected_s: float | None, *, factor: float, floor_s: float) -> float:
