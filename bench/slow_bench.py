@@ -14,8 +14,10 @@ number of devices), how many slow inputs were isolated, and false positives: ord
 requests isolated as slow. One run's p99 rests on its 30 worst requests, and where a
 new offender first lands moves it a lot: `--rounds N` runs N baseline/slow pairs per
 device count, each pair on its own arrival stream (seed + round), and reports the
-median ratio. Targets (issue 17): p99 with 1% slow inputs <= 1.25x the
-baseline on one device and on two; 0 false positives under contention.
+median ratio. For the worst 1% of normal requests it shows how many shared a batch
+with a slow input, and where their time went. Targets (issue 17): p99 with 1% slow
+inputs <= 1.25x the baseline on one device and on two; 0 false positives under
+contention.
 
     .venv/bin/python bench/slow_bench.py                     # about 6 minutes
     .venv/bin/python bench/slow_bench.py --seconds 10 --devices 2
@@ -75,7 +77,8 @@ def arrivals(rate: float, seconds: float, slow_share: float, seed: int) -> list[
 
 
 def run(stream: list[tuple[float, str, bool]], label: str) -> dict[str, Any]:
-    """Submit on schedule; the normal requests' latencies (ms), and who was isolated."""
+    """Submit on schedule; the normal requests' latencies (ms), who was isolated, and the
+    anatomy of the worst 1%."""
     pending: list[tuple[object, bool]] = []
     start = time.monotonic()
     for at, text, slow in tqdm(stream, desc=label, unit="req", leave=False, mininterval=1.0):
@@ -84,6 +87,8 @@ def run(stream: list[tuple[float, str, bool]], label: str) -> dict[str, Any]:
             threading.Event().wait(delay)
         pending.append((submit(text, model="synthetic"), slow))
     latencies, false_positives, slow_total, slow_isolated = [], 0, 0, 0
+    normal: list[tuple[float, dict[str, Any]]] = []
+    slow_batches: set[str] = set()
     for result, slow in pending:
         result.get(timeout=120)  # type: ignore[attr-defined]
         meta = app.backend.get_task_meta(result.id)  # type: ignore[attr-defined]
@@ -91,15 +96,34 @@ def run(stream: list[tuple[float, str, bool]], label: str) -> dict[str, Any]:
         if slow:
             slow_total += 1
             slow_isolated += isolated
+            slow_batches.add(meta["batching"].get("batch_id"))
             continue
         false_positives += isolated
         done = datetime.fromisoformat(meta["date_done"]).timestamp()
         latencies.append((done - meta["batching"]["submitted_at"]) * 1000)
+        normal.append((latencies[-1], meta["batching"]))
     return {
         "latencies": latencies,
+        "tail": tail_anatomy(normal, slow_batches),
         "false_positives": false_positives,
         "slow_total": slow_total,
         "slow_isolated": slow_isolated,
+    }
+
+
+def tail_anatomy(normal: list[tuple[float, dict[str, Any]]], slow_batches: set[str]) -> dict[str, float]:
+    """The worst 1% of normal requests (latency ms, their `batching` details): how many
+    shared a batch with a slow input, and their median wait in the queue, their batch's
+    own run, and the rest (time the batch lent to others while it yielded, delivery)."""
+    worst = sorted(normal, key=lambda x: x[0])[-max(1, len(normal) // 100) :]
+    wait = [d.get("waited_ms", 0.0) for _, d in worst]
+    run_ = [d.get("run_ms", 0.0) for _, d in worst]
+    return {
+        "with_slow": sum(1 for _, d in worst if d.get("batch_id") in slow_batches),
+        "count": len(worst),
+        "wait_ms": statistics.median(wait),
+        "run_ms": statistics.median(run_),
+        "rest_ms": statistics.median(lat - w - r for (lat, _), w, r in zip(worst, wait, run_, strict=True)),
     }
 
 
@@ -181,6 +205,7 @@ def main() -> None:
                 "slow": out["slow_total"],
                 "slow_isolated": out["slow_isolated"],
                 "false_positives": out["false_positives"],
+                "tail": out["tail"],
             }
         )
 
@@ -191,19 +216,21 @@ def main() -> None:
     )
     print(
         "| run | devices | round | normal requests | p50 ms | p99 ms | p99 vs baseline | slow isolated "
-        "| false positives |"
+        "| false positives | worst 1%: a slow input's batch-mates | its wait / run / rest ms |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     base = {(r["devices"], r["round"]): r["p99_ms"] for r in rows if r["run"] == "baseline"}
     ratios: dict[int, list[float]] = {}
     for r in rows:
+        t = r["tail"]
         b = base.get((r["devices"], r["round"]))
         ratio = r["p99_ms"] / b if b else float("nan")
         if r["run"] == "slow 1%" and b:
             ratios.setdefault(r["devices"], []).append(ratio)
         print(
             f"| {r['run']} | {r['devices']} | {r['round']} | {r['normal']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
-            f"| {ratio:.2f}x | {r['slow_isolated']}/{r['slow']} | {r['false_positives']} |"
+            f"| {ratio:.2f}x | {r['slow_isolated']}/{r['slow']} | {r['false_positives']} "
+            f"| {t['with_slow']}/{t['count']} | {t['wait_ms']:.0f} / {t['run_ms']:.0f} / {t['rest_ms']:.0f} |"
         )
     for devices, rs in ratios.items():
         shown = ", ".join(f"{x:.2f}x" for x in rs)
