@@ -77,3 +77,26 @@ class MachineCpu:
         total = (now - self.start[2]) * (os.cpu_count() or 1)
         others = (busy - self.start[0]) - (own - self.start[1])
         return round(max(0.0, others / total), 3)
+
+
+def by_process(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process tree, and of this process as `client`."""
+    out = {name: sum(_seconds(p) for p in _tree(pid)) for name, pid in pids.items()}
+    out["client"] = _own_seconds()
+    return out
+
+
+def projected_ceiling(ms_per_request: dict[str, float], cores: int, single: Iterable[str]) -> tuple[float, str]:
+    """Requests/s a machine of `cores` cores could serve at these CPU milliseconds per
+    request, by process, and what binds it. A process named in `single` stays one
+    process however large the machine (the collector, Redis: at most one core each);
+    the others scale out with the machine (callers, device workers, pool processes), so
+    together all of them can use every core."""
+    bounds = {name: 1000.0 / ms_per_request[name] for name in single if ms_per_request.get(name, 0) > 0}
+    total = sum(ms_per_request.values())
+    if total > 0:
+        bounds[f"all {cores} cores"] = cores * 1000.0 / total
+    if not bounds:
+        return float("inf"), "nothing"
+    name = min(bounds, key=lambda k: bounds[k])
+    return bounds[name], name

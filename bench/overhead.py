@@ -2,11 +2,17 @@
 
     .venv/bin/python bench/overhead.py                 # pipeline vs plain Celery, no-op work
     .venv/bin/python bench/overhead.py --profile DIR   # and py-spy flame graphs of every process
+    .venv/bin/python bench/overhead.py --cores 32      # project the no-op ceiling to 32 cores
 
 The two overhead rows of `make bench` (idle round trip and no-op throughput), without
 loading MiniLM: our pipeline with the zero-cost `synthetic` model on two device
 workers, against a plain Celery no-op task on a 2-process prefork worker. For working
 on the hot path; `make bench` is the record.
+
+It also reads each process's CPU per no-op request, and projects the no-op ceiling to a
+machine of `--cores` cores (16 by default): the collector (and its standby) and Redis stay
+one process each (one core at most), while callers, device workers and pool processes scale out with the
+cores (bench/cpu.py::projected_ceiling).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.cpu import by_process, projected_ceiling  # noqa: E402
 from bench.run_all import NOOP_THREADS, redis_server  # noqa: E402
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
 
@@ -60,6 +67,17 @@ def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess
     ]
 
 
+def _cpu_report(name: str, before: dict[str, float], after: dict[str, float], n: int, cores: int) -> dict[str, Any]:
+    """CPU ms per no-op request by process, and the ceiling projected to `cores` cores."""
+    ms = {k: round((after[k] - before[k]) * 1000 / n, 3) for k in before}
+    # The collector and its hot standby: whichever holds the lock does the work.
+    rate, bound = projected_ceiling(ms, cores, [k for k in ms if k == "redis" or k.startswith("collector")])
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]))
+    print(f"{name:<14} CPU ms per no-op request: {shown}; {sum(ms.values()):.3f} in all")
+    print(f"{name:<14} projected no-op ceiling at {cores} cores: {rate:,.0f}/s, bound by {bound}")
+    return {"cpu_ms": ms, "projected_per_s": round(rate), "bound_by": bound}
+
+
 def _report(name: str, idle: Any, noop: Any) -> dict[str, float]:
     row = {
         "idle_p50_ms": round(idle.percentile_ms(50), 2),
@@ -79,10 +97,12 @@ def main() -> None:
     parser.add_argument("--noop", type=int, default=4000, help="requests for the no-op throughput")
     parser.add_argument("--only", choices=["pipeline", "plain"], help="measure one system only")
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs of the no-op run here")
+    parser.add_argument("--cores", type=int, default=16, help="project the no-op ceiling to this many cores")
     args = parser.parse_args()
     texts = corpus(max(args.idle, args.noop))
     log_dir = REPO / "bench/out/overhead-logs"
     rows = {}
+    cpu: dict[str, dict[str, Any]] = {}
     with redis_server(log_dir) as (base, redis_pid):
         if args.only != "plain":
             from batching_site.harness import LocalSystem
@@ -107,6 +127,8 @@ def main() -> None:
                 if args.profile:
                     pids = system.pids() | {"client": os.getpid()}
                     spies = _profile(pids, args.profile / "pipeline", 6)
+                procs = {**system.pids(), "redis": redis_pid}
+                before = by_process(procs)
                 noop = bulk(
                     "noop",
                     lambda c: submit_many(c, model="synthetic"),
@@ -114,9 +136,11 @@ def main() -> None:
                     short[: args.noop],
                     NOOP_THREADS,
                 )
+                after = by_process(procs)
                 for s in spies:
                     s.wait()
                 rows["pipeline"] = _report("pipeline", idle, noop)
+                cpu["pipeline"] = _cpu_report("pipeline", before, after, args.noop, args.cores)
         if args.only != "pipeline":
             from bench.baselines import plain_celery
             from bench.baselines.common import Worker
@@ -143,16 +167,22 @@ def main() -> None:
                     with app.producer_or_acquire() as producer:
                         return [plain_celery.noop.apply_async((t,), producer=producer) for t in chunk]
 
+                procs = {"worker": worker.pids()[0], "redis": redis_pid}
+                before = by_process(procs)
                 noop = bulk("noop", send_many, lambda r: r.get(timeout=60), short[: args.noop], NOOP_THREADS)
+                after = by_process(procs)
                 for s in spies:
                     s.wait()
                 rows["plain"] = _report("plain Celery", idle, noop)
+                cpu["plain"] = _cpu_report("plain Celery", before, after, args.noop, args.cores)
     if len(rows) == 2:
         p, c = rows["pipeline"], rows["plain"]
         print(
             f"ratios: idle p50 {p['idle_p50_ms'] / c['idle_p50_ms']:.2f}x (target <= 1.2x)  "
             f"no-op {p['noop_per_s'] / c['noop_per_s']:.2f}x (target >= 4x)"
         )
+        pp, cp = cpu["pipeline"]["projected_per_s"], cpu["plain"]["projected_per_s"]
+        print(f"projected at {args.cores} cores: no-op {pp:,}/s against {cp:,}/s, {pp / cp:.2f}x")
 
 
 if __name__ == "__main__":
