@@ -132,6 +132,11 @@ def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) 
     ]  # fmt: skip
 
 
+#: The active collector and its standby, by supervised program name. Whichever holds the
+#: lease does the work; each is one process however large the machine.
+COLLECTORS = ("collector", "collector-standby")
+
+
 def programs(
     devices: list[str],
     *,
@@ -155,8 +160,9 @@ def programs(
     if web_port is not None:
         out["web"] = web_command(port=web_port)
     # Two collectors: one active, one standing by to take over within COLLECTOR_LEASE_S.
-    out["collector"] = collector_command()
-    out["collector-standby"] = collector_command(name="collector-standby")
+    active, standby = COLLECTORS
+    out[active] = collector_command()
+    out[standby] = collector_command(name=standby)
     for d in devices:
         out[program_name(d)] = device_command(d, preload=preload)
     if flower_port is not None:

@@ -34,6 +34,11 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _tree_seconds(pid: int) -> float:
+    """CPU seconds of pid and its live descendants."""
+    return sum(_seconds(p) for p in _tree(pid))
+
+
 def _seconds(pid: int) -> float:
     """CPU seconds of pid, plus its children that have exited and been waited for."""
     try:
@@ -50,7 +55,7 @@ class ProcessCpu:
         self._roots = roots
 
     def read(self) -> float:
-        server = sum(_seconds(p) for root in self._roots() for p in _tree(root))
+        server = sum(_tree_seconds(root) for root in self._roots())
         return server + _own_seconds()
 
 
@@ -81,7 +86,7 @@ class MachineCpu:
 
 def by_process(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of each named process tree, and of this process as `client`."""
-    out = {name: sum(_seconds(p) for p in _tree(pid)) for name, pid in pids.items()}
+    out = {name: _tree_seconds(pid) for name, pid in pids.items()}
     out["client"] = _own_seconds()
     return out
 

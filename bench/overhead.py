@@ -11,8 +11,8 @@ on the hot path; `make bench` is the record.
 
 It also reads each process's CPU per no-op request, and projects the no-op ceiling to a
 machine of `--cores` cores (16 by default): the collector (and its standby) and Redis stay
-one process each (one core at most), while callers, device workers and pool processes scale out with the
-cores (bench/cpu.py::projected_ceiling).
+one process each (one core at most), while callers, device workers and pool processes
+scale out with the cores (bench/cpu.py::projected_ceiling).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
 from bench.run_all import NOOP_THREADS, redis_server  # noqa: E402
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
@@ -70,8 +71,7 @@ def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess
 def _cpu_report(name: str, before: dict[str, float], after: dict[str, float], n: int, cores: int) -> dict[str, Any]:
     """CPU ms per no-op request by process, and the ceiling projected to `cores` cores."""
     ms = {k: round((after[k] - before[k]) * 1000 / n, 3) for k in before}
-    # The collector and its hot standby: whichever holds the lock does the work.
-    rate, bound = projected_ceiling(ms, cores, [k for k in ms if k == "redis" or k.startswith("collector")])
+    rate, bound = projected_ceiling(ms, cores, ["redis", *COLLECTORS])
     shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]))
     print(f"{name:<14} CPU ms per no-op request: {shown}; {sum(ms.values()):.3f} in all")
     print(f"{name:<14} projected no-op ceiling at {cores} cores: {rate:,.0f}/s, bound by {bound}")

@@ -86,8 +86,8 @@ def run(stream: list[tuple[float, str, bool]], label: str) -> dict[str, Any]:
         if delay > 0:
             threading.Event().wait(delay)
         pending.append((submit(text, model="synthetic"), slow))
-    latencies, false_positives, slow_total, slow_isolated = [], 0, 0, 0
-    normal: list[tuple[float, dict[str, Any]]] = []
+    false_positives, slow_total, slow_isolated = 0, 0, 0
+    normal: list[tuple[float, dict[str, Any]]] = []  # (latency ms, its `batching` details)
     slow_batches: set[str] = set()
     for result, slow in pending:
         result.get(timeout=120)  # type: ignore[attr-defined]
@@ -100,10 +100,9 @@ def run(stream: list[tuple[float, str, bool]], label: str) -> dict[str, Any]:
             continue
         false_positives += isolated
         done = datetime.fromisoformat(meta["date_done"]).timestamp()
-        latencies.append((done - meta["batching"]["submitted_at"]) * 1000)
-        normal.append((latencies[-1], meta["batching"]))
+        normal.append(((done - meta["batching"]["submitted_at"]) * 1000, meta["batching"]))
     return {
-        "latencies": latencies,
+        "latencies": [lat for lat, _ in normal],
         "tail": tail_anatomy(normal, slow_batches),
         "false_positives": false_positives,
         "slow_total": slow_total,
