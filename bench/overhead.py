@@ -37,7 +37,7 @@ django.setup()
 
 from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
-from bench.run_all import NOOP_THREADS, redis_server  # noqa: E402
+from bench.run_all import NOOP_THREADS, gathered, joined, redis_server  # noqa: E402
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
 
 
@@ -132,7 +132,7 @@ def main() -> None:
                 noop = bulk(
                     "noop",
                     lambda c: submit_many(c, model="synthetic"),
-                    lambda r: r.get(timeout=60),
+                    gathered,
                     short[: args.noop],
                     NOOP_THREADS,
                 )
@@ -169,7 +169,7 @@ def main() -> None:
 
                 procs = {"worker": worker.pids()[0], "redis": redis_pid}
                 before = by_process(procs)
-                noop = bulk("noop", send_many, lambda r: r.get(timeout=60), short[: args.noop], NOOP_THREADS)
+                noop = bulk("noop", send_many, joined, short[: args.noop], NOOP_THREADS)
                 after = by_process(procs)
                 for s in spies:
                     s.wait()

@@ -179,13 +179,20 @@ class Bench:
             lambda: closed_loop(system, call, texts, threads, on_done=self.bar.update, settings=settings)
         )
 
-    def bulk(self, system: str, send_many: Callable[[list[str]], list[Any]], texts: list[str], **settings: Any) -> Run:
+    def bulk(
+        self,
+        system: str,
+        send_many: Callable[[list[str]], list[Any]],
+        wait_all: Callable[[list[Any]], Any],
+        texts: list[str],
+        **settings: Any,
+    ) -> Run:
         """The no-op runs: NOOP_THREADS senders, each sending a chunk and waiting for all of it."""
         return self.measured(
             lambda: bulk(
                 system,
                 send_many,
-                lambda r: r.get(timeout=ANSWER_TIMEOUT_S),
+                wait_all,
                 texts,
                 NOOP_THREADS,
                 chunk=self.sizes.noop_chunk,
@@ -244,6 +251,25 @@ def _serving(b: Bench, system: Any, redis_url: str) -> Iterator[Callable[[str], 
         yield call
 
 
+def gathered(results: list[Any]) -> list[Any]:
+    """All of a no-op chunk's answers in one wait, as a script would take them
+    (tasks.edge.client.gather); a failed request fails the run."""
+    from tasks.edge.client import gather
+
+    values = gather(results, timeout=ANSWER_TIMEOUT_S)
+    failed = [v for v in values if isinstance(v, BaseException)]
+    if failed:
+        raise failed[0]
+    return values
+
+
+def joined(results: list[Any]) -> list[Any]:
+    """Plain Celery's way to the same: Celery's ResultSet.join_native, one wait for all."""
+    from celery.result import ResultSet
+
+    return ResultSet(results).join_native(timeout=ANSWER_TIMEOUT_S)
+
+
 def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
     from batching_site.harness import LocalSystem
     from tasks.edge.client import submit_many
@@ -269,7 +295,9 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
             b.record(b.load(SYSTEM_OFF, call, texts[: b.sizes.off_texts], MAIN_THREADS, max_batch_size=1))
 
         b.stage("pipeline: no-op model")
-        noop = b.bulk(SYSTEM_PIPELINE, lambda c: submit_many(c, model="synthetic"), noop_texts, model="synthetic")
+        noop = b.bulk(
+            SYSTEM_PIPELINE, lambda c: submit_many(c, model="synthetic"), gathered, noop_texts, model="synthetic"
+        )
         b.record(noop, kind="noop")
     return stats
 
@@ -375,7 +403,7 @@ def run_plain(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str])
             with app.producer_or_acquire() as producer:
                 return [plain_celery.noop.apply_async((t,), producer=producer) for t in chunk]
 
-        b.record(b.bulk(SYSTEM_PLAIN, send_many, noop_texts, processes=2), kind="noop")
+        b.record(b.bulk(SYSTEM_PLAIN, send_many, joined, noop_texts, processes=2), kind="noop")
 
 
 def run_batches(b: Bench, redis_url: str, texts: list[str]) -> dict[str, Any]:

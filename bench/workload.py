@@ -105,7 +105,7 @@ def closed_loop(
 def bulk(
     system: str,
     send_many: Callable[[list[str]], list[Any]],
-    wait: Callable[[Any], Any],
+    wait_all: Callable[[list[Any]], Any],
     texts: Sequence[str],
     threads: int,
     *,
@@ -114,7 +114,7 @@ def bulk(
     settings: dict[str, Any] | None = None,
 ) -> Run:
     """Throughput only: each thread sends `chunk` texts at once, then waits for all of
-    their answers, until every text is answered. Per-request latency is not recorded:
+    their answers at once (`wait_all`), until every text is answered. Per-request latency is not recorded:
     in a bulk send it measures the queue, not the system."""
     chunks = [list(texts[i : i + chunk]) for i in range(0, len(texts), chunk)]
     next_index = itertools.count()
@@ -129,8 +129,7 @@ def bulk(
                     i = next(next_index)
                 if i >= len(chunks):
                     return
-                for handle in send_many(chunks[i]):
-                    wait(handle)
+                wait_all(send_many(chunks[i]))
                 with lock:
                     done[0] += len(chunks[i])
                 on_done(len(chunks[i]))

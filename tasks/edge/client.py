@@ -3,6 +3,7 @@
     from tasks.edge.client import submit
     vector = submit("a sentence").get(timeout=10)        # 384 floats for minilm
     score = submit(["a query", "a passage"], model="reranker").get(timeout=10)
+    vectors = gather(submit_many(texts), timeout=30)     # many answers, one wait
 
 Each request is validated and tokenized here, at the edge, then queued as one Celery
 task message on its priority's queue: all the messages of one call in one round trip,
@@ -14,10 +15,10 @@ Safe to call from many threads and processes at once.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from celery.result import AsyncResult
+from celery.result import AsyncResult, ResultSet
 from django.conf import settings
 
 from gpu_workers.models import get_spec
@@ -40,6 +41,7 @@ __all__ = [
     "QuotaExceeded",
     "RequestTooLarge",
     "details",
+    "gather",
     "submit",
     "submit_many",
 ]
@@ -131,6 +133,20 @@ def submit_many(
         app.backend.on_task_call(None, task_id)
         results.append(app.AsyncResult(task_id, task_name=REQUEST_TASK))
     return results
+
+
+def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> list[Any]:
+    """Wait for many requests at once; their answers come back in the same order, and a
+    request that failed has its own exception in its place (the others are unaffected).
+    Raises celery.exceptions.TimeoutError if they are not all done within `timeout`.
+
+    Cheaper than `.get()` on each: the answers already stored come back in one MGET and
+    the rest on the one subscription (Celery's `ResultSet.join_native`), where each
+    `.get()` asks Redis for its own answer first (about 0.2 ms of client CPU a request)."""
+    results = list(results)
+    if not results:
+        return []
+    return ResultSet(results, app=get_app()).join_native(timeout=timeout, propagate=False)
 
 
 #: How long past its deadline a request still counts as in flight: the device's run and

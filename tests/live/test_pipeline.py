@@ -10,12 +10,13 @@ import uuid
 
 import numpy as np
 import pytest
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from batching_site.celery import app
 from gpu_workers.models import synthetic
 from tasks.core.errors import InferenceError
-from tasks.edge.client import details, submit, submit_many
+from tasks.edge.client import details, gather, submit, submit_many
 from tasks.protocol import wire
 from tasks.protocol.names import PRIORITIES, REQUEST_TASK, request_queue_name
 from tasks.store import request_queues
@@ -111,6 +112,31 @@ def test_one_poison_input_fails_alone(live_system) -> None:  # type: ignore[no-u
         else:
             assert r.get(timeout=60) == synthetic.embed(text)
             assert r.state == "SUCCESS"
+
+
+def test_gather_gives_each_request_its_own_answer_or_error_in_order(live_system) -> None:  # type: ignore[no-untyped-def]
+    texts = distinct_texts(60, seed=11)
+    texts.insert(23, "gathered, and poison !fail")
+    results = submit_many(texts, model="synthetic")
+    channels = {app.backend.get_key_for_task(r.id) for r in results}
+    assert channels <= app.backend.result_consumer.subscribed_to
+    values = gather(results, timeout=60)
+    assert len(values) == len(texts)
+    for text, value in zip(texts, values, strict=True):
+        if "!fail" in text:
+            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
+        else:
+            assert value == synthetic.embed(text)
+    # Each answer's channel is given up once it is in: a long-lived script keeps none.
+    assert not channels & app.backend.result_consumer.subscribed_to
+
+
+def test_gather_times_out_with_celerys_error_when_an_answer_never_comes(live_system) -> None:  # type: ignore[no-untyped-def]
+    done = submit("answered at once", model="synthetic")
+    never = AsyncResult(str(uuid.uuid4()), app=app)
+    with pytest.raises(CeleryTimeoutError):
+        gather([done, never], timeout=0.5)
+    assert done.get(timeout=10) == synthetic.embed("answered at once")
 
 
 def test_every_priority_is_served(live_system) -> None:  # type: ignore[no-untyped-def]
