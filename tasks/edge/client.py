@@ -110,29 +110,35 @@ def submit_many(
     # events: one round trip.
     deadline = max((r.deadline_at for r in requests if r.deadline_at is not None), default=None)
     in_flight_s = _in_flight_s(requests[0].submitted_at, deadline)
-    admitted = request_queues.admit(
-        shared_state.client(),
-        priority,
-        policy.queue_caps[priority],
-        entries,
-        events,
-        owner=owner,
-        quota=quota,
-        keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
-        in_flight_s=in_flight_s,
-    )
+    # Listen for the answers before the requests can be taken, as Celery's send_task
+    # does: an answer published before its subscription would reach no one, and a
+    # caller that waits on many at once (gather) would wait out its timeout.
+    for task_id, _ in entries:
+        app.backend.on_task_call(None, task_id)
+    admitted = None
+    try:
+        admitted = request_queues.admit(
+            shared_state.client(),
+            priority,
+            policy.queue_caps[priority],
+            entries,
+            events,
+            owner=owner,
+            quota=quota,
+            keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
+            in_flight_s=in_flight_s,
+        )
+    finally:
+        if admitted is None or not admitted.accepted:
+            for task_id, _ in entries:
+                app.backend.result_consumer.cancel_for(task_id)
     if not admitted.accepted:
         metrics.record_rejected(priority, len(entries), reason=admitted.refused_by, owner=owner)
         if admitted.refused_by != "tier":
             raise QuotaExceeded(owner, admitted.refused_by, priority, max(0.1, admitted.retry_after))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
         raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, admitted.depth / 200.0)))
-    results = []
-    for task_id, _ in entries:
-        # What send_task does for its result: subscribe now, so .get() misses nothing.
-        app.backend.on_task_call(None, task_id)
-        results.append(app.AsyncResult(task_id, task_name=REQUEST_TASK))
-    return results
+    return [app.AsyncResult(task_id, task_name=REQUEST_TASK) for task_id, _ in entries]
 
 
 def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> list[Any]:
@@ -146,7 +152,9 @@ def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> l
     results = list(results)
     if not results:
         return []
-    return ResultSet(results, app=get_app()).join_native(timeout=timeout, propagate=False)
+    # interval=0: after its one MGET, join_native would nap `interval` (0.5 s) whenever an
+    # answer is still pending; the subscription does the waiting here.
+    return ResultSet(results, app=get_app()).join_native(timeout=timeout, propagate=False, interval=0)
 
 
 #: How long past its deadline a request still counts as in flight: the device's run and

@@ -131,6 +131,24 @@ def test_gather_gives_each_request_its_own_answer_or_error_in_order(live_system)
     assert not channels & app.backend.result_consumer.subscribed_to
 
 
+def test_answers_are_listened_for_before_their_requests_can_be_taken(live_system, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # An answer published before its subscription reaches no one: a .get() finds it
+    # by asking Redis first, but gather() would wait out its timeout (seen once in
+    # 12,000 no-op requests before the subscription moved ahead of the push).
+    listened = []
+    admit = request_queues.admit
+
+    def checked_admit(client, priority, cap, entries, *args, **kwargs):  # type: ignore[no-untyped-def]
+        subscribed = app.backend.result_consumer.subscribed_to
+        listened.append(all(app.backend.get_key_for_task(task_id) in subscribed for task_id, _ in entries))
+        return admit(client, priority, cap, entries, *args, **kwargs)
+
+    monkeypatch.setattr(request_queues, "admit", checked_admit)
+    texts = [f"listened for {i}" for i in range(5)]
+    assert gather(submit_many(texts, model="synthetic"), timeout=60) == [synthetic.embed(t) for t in texts]
+    assert listened == [True]
+
+
 def test_gather_times_out_with_celerys_error_when_an_answer_never_comes(live_system) -> None:  # type: ignore[no-untyped-def]
     done = submit("answered at once", model="synthetic")
     never = AsyncResult(str(uuid.uuid4()), app=app)
