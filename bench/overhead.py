@@ -78,6 +78,29 @@ def _cpu_report(name: str, before: dict[str, float], after: dict[str, float], n:
     return {"cpu_ms": ms, "projected_per_s": round(rate), "bound_by": bound}
 
 
+def _redis_calls(base: str) -> dict[str, int]:
+    """Redis's own count of each command it has run since the last CONFIG RESETSTAT."""
+    import redis
+
+    stats = redis.Redis.from_url(base).info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def _reset_redis_stats(base: str) -> None:
+    import redis
+
+    redis.Redis.from_url(base).config_resetstat()
+
+
+def _commands_report(name: str, base: str, n: int) -> dict[str, float]:
+    """Redis commands per no-op request, the most frequent first."""
+    per = {k: round(v / n, 2) for k, v in _redis_calls(base).items() if v / n >= 0.01}
+    per.pop("config", None)
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+    print(f"{name:<14} Redis commands per no-op request: {shown}; {sum(per.values()):.2f} in all")
+    return per
+
+
 def _report(name: str, idle: Any, noop: Any) -> dict[str, float]:
     row = {
         "idle_p50_ms": round(idle.percentile_ms(50), 2),
@@ -128,6 +151,7 @@ def main() -> None:
                     pids = system.pids() | {"client": os.getpid()}
                     spies = _profile(pids, args.profile / "pipeline", 6)
                 procs = {**system.pids(), "redis": redis_pid}
+                _reset_redis_stats(base)
                 before = by_process(procs)
                 noop = bulk(
                     "noop",
@@ -141,6 +165,7 @@ def main() -> None:
                     s.wait()
                 rows["pipeline"] = _report("pipeline", idle, noop)
                 cpu["pipeline"] = _cpu_report("pipeline", before, after, args.noop, args.cores)
+                _commands_report("pipeline", base, args.noop)
         if args.only != "pipeline":
             from bench.baselines import plain_celery
             from bench.baselines.common import Worker
@@ -168,6 +193,7 @@ def main() -> None:
                         return [plain_celery.noop.apply_async((t,), producer=producer) for t in chunk]
 
                 procs = {"worker": worker.pids()[0], "redis": redis_pid}
+                _reset_redis_stats(base)
                 before = by_process(procs)
                 noop = bulk("noop", send_many, joined, short[: args.noop], NOOP_THREADS)
                 after = by_process(procs)
@@ -175,6 +201,7 @@ def main() -> None:
                     s.wait()
                 rows["plain"] = _report("plain Celery", idle, noop)
                 cpu["plain"] = _cpu_report("plain Celery", before, after, args.noop, args.cores)
+                _commands_report("plain Celery", base, args.noop)
     if len(rows) == 2:
         p, c = rows["pipeline"], rows["plain"]
         print(

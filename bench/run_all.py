@@ -264,10 +264,11 @@ def gathered(results: list[Any]) -> list[Any]:
 
 
 def joined(results: list[Any]) -> list[Any]:
-    """Plain Celery's way to the same: Celery's ResultSet.join_native, one wait for all."""
+    """Plain Celery's way to the same: Celery's ResultSet.join_native, one wait for all,
+    without the 0.5 s nap after its first look (as gather())."""
     from celery.result import ResultSet
 
-    return ResultSet(results).join_native(timeout=ANSWER_TIMEOUT_S)
+    return ResultSet(results).join_native(timeout=ANSWER_TIMEOUT_S, interval=0)
 
 
 def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
