@@ -39,6 +39,7 @@ from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
 from bench.run_all import NOOP_THREADS, gathered, joined, redis_server  # noqa: E402
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
+from tasks.store.connection import client, connect  # noqa: E402
 
 
 def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -78,24 +79,16 @@ def _cpu_report(name: str, before: dict[str, float], after: dict[str, float], n:
     return {"cpu_ms": ms, "projected_per_s": round(rate), "bound_by": bound}
 
 
-def _redis_calls(base: str) -> dict[str, int]:
-    """Redis's own count of each command it has run since the last CONFIG RESETSTAT."""
-    import redis
-
-    stats = redis.Redis.from_url(base).info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-
-
 def _reset_redis_stats(base: str) -> None:
-    import redis
-
-    redis.Redis.from_url(base).config_resetstat()
+    client(base).config_resetstat()
 
 
 def _commands_report(name: str, base: str, n: int) -> dict[str, float]:
     """Redis commands per no-op request, the most frequent first."""
-    per = {k: round(v / n, 2) for k, v in _redis_calls(base).items() if v / n >= 0.01}
-    per.pop("config", None)
+    # Redis's own count of each command run since the last CONFIG RESETSTAT.
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client(base).info("commandstats").items()}
+    calls.pop("config", None)
+    per = {k: round(v / n, 2) for k, v in calls.items() if v / n >= 0.01}
     shown = ", ".join(f"{k} {v:g}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
     print(f"{name:<14} Redis commands per no-op request: {shown}; {sum(per.values()):.2f} in all")
     return per
@@ -130,7 +123,6 @@ def main() -> None:
         if args.only != "plain":
             from batching_site.harness import LocalSystem
             from tasks.edge.client import submit, submit_many
-            from tasks.store.connection import connect
 
             system = LocalSystem(
                 devices=["cpu:0", "cpu:1"],

@@ -113,9 +113,9 @@ def submit_many(
     # Listen for the answers before the requests can be taken, as Celery's send_task
     # does: an answer published before its subscription would reach no one, and a
     # caller that waits on many at once (gather) would wait out its timeout.
+    backend = app.backend
     for task_id, _ in entries:
-        app.backend.on_task_call(None, task_id)
-    admitted = None
+        backend.on_task_call(None, task_id)
     try:
         admitted = request_queues.admit(
             shared_state.client(),
@@ -128,17 +128,23 @@ def submit_many(
             keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
             in_flight_s=in_flight_s,
         )
-    finally:
-        if admitted is None or not admitted.accepted:
-            for task_id, _ in entries:
-                app.backend.result_consumer.cancel_for(task_id)
+    except BaseException:
+        _stop_listening(backend, entries)
+        raise
     if not admitted.accepted:
+        _stop_listening(backend, entries)
         metrics.record_rejected(priority, len(entries), reason=admitted.refused_by, owner=owner)
         if admitted.refused_by != "tier":
             raise QuotaExceeded(owner, admitted.refused_by, priority, max(0.1, admitted.retry_after))
         # A rough guess: the queue drains at its share of a few hundred requests a second.
         raise Overloaded(queue, policy.queue_caps[priority], max(0.1, min(5.0, admitted.depth / 200.0)))
     return [app.AsyncResult(task_id, task_name=REQUEST_TASK) for task_id, _ in entries]
+
+
+def _stop_listening(backend: Any, entries: list[tuple[str, Any]]) -> None:
+    """Give up the answers' subscriptions of requests that were never queued."""
+    for task_id, _ in entries:
+        backend.result_consumer.cancel_for(task_id)
 
 
 def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> list[Any]:
