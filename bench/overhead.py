@@ -37,7 +37,7 @@ django.setup()
 
 from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
-from bench.run_all import NOOP_THREADS, gathered, joined, redis_server  # noqa: E402
+from bench.run_all import NOOP_THREADS, all_answered, joined, redis_server, run_noop_chunk  # noqa: E402
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
 from tasks.store.connection import client, connect  # noqa: E402
 
@@ -122,7 +122,7 @@ def main() -> None:
     with redis_server(log_dir) as (base, redis_pid):
         if args.only != "plain":
             from batching_site.harness import LocalSystem
-            from tasks.edge.client import submit, submit_many
+            from tasks.edge.client import submit
 
             system = LocalSystem(
                 devices=["cpu:0", "cpu:1"],
@@ -147,8 +147,8 @@ def main() -> None:
                 before = by_process(procs)
                 noop = bulk(
                     "noop",
-                    lambda c: submit_many(c, model="synthetic"),
-                    gathered,
+                    run_noop_chunk,
+                    all_answered,
                     short[: args.noop],
                     NOOP_THREADS,
                 )

@@ -251,12 +251,16 @@ def _serving(b: Bench, system: Any, redis_url: str) -> Iterator[Callable[[str], 
         yield call
 
 
-def gathered(results: list[Any]) -> list[Any]:
-    """All of a no-op chunk's answers in one wait, as a script would take them
-    (tasks.edge.client.gather); a failed request fails the run."""
-    from tasks.edge.client import gather
+def run_noop_chunk(texts: list[str]) -> list[Any]:
+    """A no-op chunk sent and all its answers awaited in one call, as a script would
+    (tasks.edge.client.run_many)."""
+    from tasks.edge.client import run_many
 
-    values = gather(results, timeout=ANSWER_TIMEOUT_S)
+    return run_many(texts, model="synthetic", timeout=ANSWER_TIMEOUT_S)
+
+
+def all_answered(values: list[Any]) -> list[Any]:
+    """The answers of a chunk; a failed request fails the run."""
     failed = [v for v in values if isinstance(v, BaseException)]
     if failed:
         raise failed[0]
@@ -264,8 +268,8 @@ def gathered(results: list[Any]) -> list[Any]:
 
 
 def joined(results: list[Any]) -> list[Any]:
-    """Plain Celery's way to the same: Celery's ResultSet.join_native, one wait for all,
-    without the 0.5 s nap after its first look (as gather())."""
+    """Plain Celery's way to wait for a chunk: Celery's ResultSet.join_native, one wait
+    for all, without the 0.5 s nap after its first look."""
     from celery.result import ResultSet
 
     return ResultSet(results).join_native(timeout=ANSWER_TIMEOUT_S, interval=0)
@@ -273,7 +277,6 @@ def joined(results: list[Any]) -> list[Any]:
 
 def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
     from batching_site.harness import LocalSystem
-    from tasks.edge.client import submit_many
     from tasks.store import shared_state
 
     b.stage("pipeline: starting Redis-backed collector and 2 device workers")
@@ -296,9 +299,7 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
             b.record(b.load(SYSTEM_OFF, call, texts[: b.sizes.off_texts], MAIN_THREADS, max_batch_size=1))
 
         b.stage("pipeline: no-op model")
-        noop = b.bulk(
-            SYSTEM_PIPELINE, lambda c: submit_many(c, model="synthetic"), gathered, noop_texts, model="synthetic"
-        )
+        noop = b.bulk(SYSTEM_PIPELINE, run_noop_chunk, all_answered, noop_texts, model="synthetic")
         b.record(noop, kind="noop")
     return stats
 

@@ -6,6 +6,8 @@ stray literals), so a queue or key can be renamed in one line.
 
 from __future__ import annotations
 
+import uuid
+
 from ..core.policy import PRIORITIES
 
 __all__ = ["PRIORITIES"]
@@ -104,6 +106,40 @@ def rate_key(owner: str) -> str:
 
 #: Hash: counters of first answers and of refused second answers.
 ANSWERS_KEY = PREFIX + "answers"
+
+#: Lists "<prefix><group>": the answers of one `run_many` call (tasks/edge/client.py),
+#: pushed by the outcome script (set_once.lua) as each is stored, so the caller pops
+#: them in a few round trips instead of listening for each on its own channel.
+REPLIES_PREFIX = PREFIX + "replies:"
+#: The version digit that marks a request id as one of a reply group (reply_ids), and
+#: where it stands in the id. Ordinary requests have version 4 ids and no reply list.
+REPLY_ID_VERSION, REPLY_ID_VERSION_AT = "8", 14
+#: How many leading characters of a grouped id name its group.
+REPLY_GROUP_CHARS = 23
+
+
+def reply_ids(n: int) -> tuple[str, list[str]]:
+    """`n` fresh request ids that share one reply list, and that list's key.
+
+    They are UUIDs of version 8 (RFC 9562's layout for custom ids): 74 random bits that
+    the group shares, then each request's index in the last 48 bits. Any UUID parser
+    takes them, so they serve everywhere a version 4 id does (task ids, URLs)."""
+    if not 0 < n < 1 << 48:
+        raise ValueError(f"a reply group holds 1 to 2**48 - 1 requests, not {n}")
+    base = (uuid.uuid4().int >> 48) << 48
+    base = (base & ~(0xF << 76)) | (int(REPLY_ID_VERSION, 16) << 76)  # the version digit
+    base = (base & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562's variant
+    ids = [str(uuid.UUID(int=base | i)) for i in range(n)]
+    return reply_key(ids[0]), ids
+
+
+def reply_key(task_id: str) -> str | None:
+    """The reply list a request's answer is pushed to, or None for an ordinary id.
+    set_once.lua applies the same rule."""
+    if task_id[REPLY_ID_VERSION_AT : REPLY_ID_VERSION_AT + 1] != REPLY_ID_VERSION:
+        return None
+    return REPLIES_PREFIX + task_id[:REPLY_GROUP_CHARS]
+
 
 #: JSON of the active BatchPolicy (the admin writes it).
 POLICY_KEY = PREFIX + "policy"

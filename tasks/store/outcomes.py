@@ -27,6 +27,7 @@ from ..protocol.names import (
     LEDGER_ATTEMPTS_KEY,
     LEDGER_KEY,
     LEDGER_PAYLOADS_KEY,
+    REPLIES_PREFIX,
     owner_key,
 )
 from ..protocol.results import Outcome, result_meta
@@ -89,6 +90,7 @@ class OutcomeWriter:
                 int(expires or settings.CELERY_RESULT_EXPIRES),
                 o.task_id,
                 IN_FLIGHT_PREFIX,
+                REPLIES_PREFIX,
             )
         if also is not None:
             also(pipe)

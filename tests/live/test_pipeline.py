@@ -16,10 +16,10 @@ from celery.result import AsyncResult
 from batching_site.celery import app
 from gpu_workers.models import synthetic
 from tasks.core.errors import InferenceError
-from tasks.edge.client import details, gather, submit, submit_many
+from tasks.edge.client import details, gather, run_many, submit, submit_many
 from tasks.protocol import wire
-from tasks.protocol.names import PRIORITIES, REQUEST_TASK, request_queue_name
-from tasks.store import request_queues
+from tasks.protocol.names import PRIORITIES, REQUEST_TASK, reply_ids, reply_key, request_queue_name
+from tasks.store import replies, request_queues
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=False)]
 
@@ -155,6 +155,66 @@ def test_gather_times_out_with_celerys_error_when_an_answer_never_comes(live_sys
     with pytest.raises(CeleryTimeoutError):
         gather([done, never], timeout=0.5)
     assert done.get(timeout=10) == synthetic.embed("answered at once")
+
+
+def test_run_many_gives_each_request_its_own_answer_or_error_in_order(live_system, redis_client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    texts = distinct_texts(60, seed=12)
+    texts.insert(17, "run_many, and poison !fail")
+    seen = []
+    admit = request_queues.admit
+
+    def checked_admit(client, priority, cap, entries, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.extend(task_id for task_id, _ in entries)
+        return admit(client, priority, cap, entries, *args, **kwargs)
+
+    monkeypatch.setattr(request_queues, "admit", checked_admit)
+    subscribed_before = set(app.backend.result_consumer.subscribed_to)
+    values = run_many(texts, model="synthetic", timeout=60)
+    assert len(values) == len(texts)
+    for text, value in zip(texts, values, strict=True):
+        if "!fail" in text:
+            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
+        else:
+            assert value == synthetic.embed(text)
+    # One reply group, waited on through its list: no channel subscribed, no list left,
+    # and each answer is stored under its id as for any other request.
+    assert len({reply_key(t) for t in seen}) == 1 and None not in {reply_key(t) for t in seen}
+    assert set(app.backend.result_consumer.subscribed_to) == subscribed_before
+    assert not redis_client.exists(reply_key(seen[0]))
+    assert AsyncResult(seen[0], app=app).get(timeout=10) == synthetic.embed(texts[0])
+
+
+def test_run_many_times_out_with_celerys_error_and_leaves_no_list(live_system, redis_client) -> None:  # type: ignore[no-untyped-def]
+    key, ids = reply_ids(2)
+    redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
+    with pytest.raises(CeleryTimeoutError):
+        replies.wait(
+            redis_client,
+            key,
+            ids,
+            result_key=app.backend.get_key_for_task,
+            decode=app.backend.decode_result,
+            timeout=0.5,
+        )
+    assert not redis_client.exists(key)
+
+
+def test_an_answer_missing_from_its_reply_list_is_read_where_it_is_stored(live_system, redis_client) -> None:  # type: ignore[no-untyped-def]
+    # The list lost an answer (a Redis restart without its append-only file, say): a
+    # quiet second later the wait reads the stored answers of what it still misses.
+    key, ids = reply_ids(2)
+    redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
+    stored = {"status": "SUCCESS", "result": 2, "task_id": ids[1]}
+    redis_client.set(app.backend.get_key_for_task(ids[1]), app.backend.encode(stored), ex=60)
+    metas = replies.wait(
+        redis_client,
+        key,
+        ids,
+        result_key=app.backend.get_key_for_task,
+        decode=app.backend.decode_result,
+        timeout=10,
+    )
+    assert {t: m["result"] for t, m in metas.items()} == {ids[0]: 1, ids[1]: 2}
 
 
 def test_every_priority_is_served(live_system) -> None:  # type: ignore[no-untyped-def]

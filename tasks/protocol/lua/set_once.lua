@@ -1,12 +1,19 @@
 -- A request's one final outcome (tasks/store/outcomes.py). The ledger entry goes in either
 -- case: the request has its one answer.
 -- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts, owner key.
--- ARGV: meta, expiry, id, in-flight key prefix.
+-- ARGV: meta, expiry, id, in-flight key prefix, reply lists' prefix.
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
+    -- An id of version 8 belongs to a reply group (tasks/protocol/names.py::reply_key, the
+    -- same rule): its answer also goes onto the group's list, where its caller pops it.
+    if string.sub(ARGV[3], 15, 15) == '8' then
+        local replies = ARGV[5] .. string.sub(ARGV[3], 1, 23)
+        redis.call('RPUSH', replies, ARGV[1])
+        redis.call('EXPIRE', replies, ARGV[2])
+    end
     redis.call('HINCRBY', KEYS[2], 'first', 1)
     -- An owned request leaves its owner's in-flight set, and who owns it is kept as
     -- long as its answer. The set's name is built here, from the owner key's
