@@ -1,0 +1,104 @@
+"""Did the code change, or the machine? The same closed-loop run from two trees, alternated.
+
+    .venv/bin/python bench/tree_ab.py 79dd912               # that commit against this tree
+    .venv/bin/python bench/tree_ab.py 79dd912 --rounds 3 --texts 2000
+
+A ratio recorded on another day compares two machines as much as two trees: on a shared
+or changed machine plain Celery and the pipeline move by different amounts. This checks
+out `rev` in a temporary worktree (using this tree's .venv), then runs the harness
+pipeline (collector and two single-threaded MiniLM device workers, as `make bench`)
+from each tree in turn, `--rounds` times: 16 callers each calling `submit(text).get()`
+over the same texts. It prints texts/s and the machine's CPU ms a text for each run.
+The two trees must share `bench.workload`, `bench.run_all.redis_server` and
+`LocalSystem`, as every tree since issue 16 does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CALLERS = 16
+
+
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(tree: Path, n_texts: int) -> None:
+    """One run, importing everything from `tree`. Prints one line."""
+    os.chdir(tree)
+    sys.path.insert(0, str(tree))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+    import django
+
+    django.setup()
+    from batching_site.harness import LocalSystem
+    from bench.run_all import _publish_and_wait, redis_server
+    from bench.workload import closed_loop, corpus
+    from tasks.edge.client import submit
+    from tasks.store import shared_state
+    from tasks.store.connection import connect
+
+    texts = corpus(n_texts + 100)
+    logs = Path(tempfile.mkdtemp(prefix="tree-ab-"))
+    with redis_server(logs) as (base, _):
+        url = f"{base}/0"
+        system = LocalSystem(
+            devices=["cpu:0", "cpu:1"], preload="minilm", env={"TORCH_THREADS": "1"}, redis_url=url, log_dir=str(logs)
+        )
+        with system:
+            connect(url)
+            policy = shared_state.read_policy()
+            _publish_and_wait(shared_state, policy.evolve(oversized="truncate", version=policy.version + 1))
+
+            def call(text: str) -> object:
+                return submit(text).get(timeout=120)
+
+            closed_loop("warm-up", call, texts[:100], CALLERS)
+            before = machine_cpu_s()
+            run = closed_loop("pipeline", call, texts[100:], CALLERS)
+            cpu_ms = 1000 * (machine_cpu_s() - before) / len(run.latencies)
+    print(f"{run.throughput:.1f} texts/s  {cpu_ms:.2f} CPU ms/text", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rev", nargs="?", help="the git revision to compare this tree with")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per tree, alternated")
+    ap.add_argument("--texts", type=int, default=1000, help="texts per run")
+    ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        measure(args.measure, args.texts)
+        return
+    if not args.rev:
+        ap.error("name a revision to compare with, e.g. HEAD~5")
+    other = Path(tempfile.mkdtemp(prefix="tree-ab-")) / "tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), args.rev], check=True)
+    try:
+        (other / ".venv").symlink_to(REPO / ".venv")
+        trees = {args.rev: other, "this tree": REPO}
+        for k in range(args.rounds):
+            for name, tree in trees.items():
+                out = subprocess.run(
+                    [sys.executable, __file__, "--measure", str(tree), "--texts", str(args.texts)],
+                    capture_output=True,
+                    text=True,
+                )
+                line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 else f"failed: {out.stderr[-300:]}"
+                print(f"round {k + 1}  {name:<12} {line}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], check=False)
+
+
+if __name__ == "__main__":
+    main()
