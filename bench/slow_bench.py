@@ -114,6 +114,8 @@ def tail_anatomy(normal: list[tuple[float, dict[str, Any]]], slow_batches: set[s
     """The worst 1% of normal requests (latency ms, their `batching` details): how many
     shared a batch with a slow input, and their median wait in the queue, their batch's
     own run, and the rest (time the batch lent to others while it yielded, delivery)."""
+    if not normal:  # a run of slow inputs only (the --known warm-up)
+        return {"with_slow": 0, "count": 0, "wait_ms": 0.0, "run_ms": 0.0, "rest_ms": 0.0}
     worst = sorted(normal, key=lambda x: x[0])[-max(1, len(normal) // 100) :]
     wait = [d.get("waited_ms", 0.0) for _, d in worst]
     run_ = [d.get("run_ms", 0.0) for _, d in worst]
