@@ -66,7 +66,7 @@ def measure(tree: Path, n_texts: int) -> None:
             closed_loop("warm-up", call, texts[:100], CALLERS)
             before = machine_cpu_s()
             run = closed_loop("pipeline", call, texts[100:], CALLERS)
-            cpu_ms = 1000 * (machine_cpu_s() - before) / len(run.latencies)
+            cpu_ms = 1000 * (machine_cpu_s() - before) / len(run.latencies_s)
     print(f"{run.throughput:.1f} texts/s  {cpu_ms:.2f} CPU ms/text", flush=True)
 
 
