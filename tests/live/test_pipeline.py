@@ -35,6 +35,27 @@ def distinct_texts(n: int, seed: int = 7) -> list[str]:
     return texts
 
 
+def assert_own_answers(texts: list[str], values: list[object]) -> None:
+    """Each text's own answer in its place; a poison text's own error in its place."""
+    assert len(values) == len(texts)
+    for text, value in zip(texts, values, strict=True):
+        if "!fail" in text:
+            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
+        else:
+            assert value == synthetic.embed(text)
+
+
+def wait_for_group(redis_client, key: str, ids: list[str], timeout: float) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return replies.wait(
+        redis_client,
+        key,
+        ids,
+        result_key=app.backend.get_key_for_task,
+        decode=app.backend.decode_result,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="module")
 def minilm():  # type: ignore[no-untyped-def]
     from gpu_workers.models import get_spec
@@ -121,12 +142,7 @@ def test_gather_gives_each_request_its_own_answer_or_error_in_order(live_system)
     channels = {app.backend.get_key_for_task(r.id) for r in results}
     assert channels <= app.backend.result_consumer.subscribed_to
     values = gather(results, timeout=60)
-    assert len(values) == len(texts)
-    for text, value in zip(texts, values, strict=True):
-        if "!fail" in text:
-            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
-        else:
-            assert value == synthetic.embed(text)
+    assert_own_answers(texts, values)
     # Each answer's channel is given up once it is in: a long-lived script keeps none.
     assert not channels & app.backend.result_consumer.subscribed_to
 
@@ -173,12 +189,7 @@ def test_run_many_gives_each_request_its_own_answer_or_error_in_order(live_syste
     monkeypatch.setattr(replies, "QUIET_S", 120.0)
     subscribed_before = set(app.backend.result_consumer.subscribed_to)
     values = run_many(texts, model="synthetic", timeout=60)
-    assert len(values) == len(texts)
-    for text, value in zip(texts, values, strict=True):
-        if "!fail" in text:
-            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
-        else:
-            assert value == synthetic.embed(text)
+    assert_own_answers(texts, values)
     # One reply group, waited on through its list: no channel subscribed, no list left,
     # and each answer is stored under its id as for any other request.
     assert len({reply_key(t) for t in seen}) == 1 and None not in {reply_key(t) for t in seen}
@@ -191,14 +202,7 @@ def test_run_many_times_out_with_celerys_error_and_leaves_no_list(live_system, r
     key, ids = reply_ids(2)
     redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
     with pytest.raises(CeleryTimeoutError):
-        replies.wait(
-            redis_client,
-            key,
-            ids,
-            result_key=app.backend.get_key_for_task,
-            decode=app.backend.decode_result,
-            timeout=0.5,
-        )
+        wait_for_group(redis_client, key, ids, timeout=0.5)
     assert not redis_client.exists(key)
 
 
@@ -209,14 +213,7 @@ def test_an_answer_missing_from_its_reply_list_is_read_where_it_is_stored(live_s
     redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
     stored = {"status": "SUCCESS", "result": 2, "task_id": ids[1]}
     redis_client.set(app.backend.get_key_for_task(ids[1]), app.backend.encode(stored), ex=60)
-    metas = replies.wait(
-        redis_client,
-        key,
-        ids,
-        result_key=app.backend.get_key_for_task,
-        decode=app.backend.decode_result,
-        timeout=10,
-    )
+    metas = wait_for_group(redis_client, key, ids, timeout=10)
     assert {t: m["result"] for t, m in metas.items()} == {ids[0]: 1, ids[1]: 2}
 
 
