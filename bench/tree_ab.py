@@ -8,7 +8,7 @@ or changed machine plain Celery and the pipeline move by different amounts. This
 out `rev` in a temporary worktree (using this tree's .venv), then runs the harness
 pipeline (collector and two single-threaded MiniLM device workers, as `make bench`)
 from each tree in turn, `--rounds` times: 16 callers each calling `submit(text).get()`
-over the same texts. It prints texts/s and the machine's CPU ms a text for each run.
+over the same texts. It prints texts/s and CPU ms a text (counted as `make bench` counts it) for each run.
 The two trees must share `bench.workload`, `bench.run_all.redis_server` and
 `LocalSystem`, as every tree since issue 16 does.
 """
@@ -26,13 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 CALLERS = 16
 
 
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:8]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(tree: Path, n_texts: int) -> None:
     """One run, importing everything from `tree`. Prints one line."""
     os.chdir(tree)
@@ -42,6 +35,7 @@ def measure(tree: Path, n_texts: int) -> None:
 
     django.setup()
     from batching_site.harness import LocalSystem
+    from bench.cpu import ProcessCpu
     from bench.run_all import _publish_and_wait, redis_server
     from bench.workload import closed_loop, corpus
     from tasks.edge.client import submit
@@ -50,7 +44,7 @@ def measure(tree: Path, n_texts: int) -> None:
 
     texts = corpus(n_texts + 100)
     logs = Path(tempfile.mkdtemp(prefix="tree-ab-"))
-    with redis_server(logs) as (base, _):
+    with redis_server(logs) as (base, redis_pid):
         url = f"{base}/0"
         system = LocalSystem(
             devices=["cpu:0", "cpu:1"], preload="minilm", env={"TORCH_THREADS": "1"}, redis_url=url, log_dir=str(logs)
@@ -64,9 +58,11 @@ def measure(tree: Path, n_texts: int) -> None:
                 return submit(text).get(timeout=120)
 
             closed_loop("warm-up", call, texts[:100], CALLERS)
-            before = machine_cpu_s()
+            # What make bench counts: the system's processes, Redis and this client.
+            cpu = ProcessCpu(lambda: [*system.pids().values(), redis_pid])
+            before = cpu.read()
             run = closed_loop("pipeline", call, texts[100:], CALLERS)
-            cpu_ms = 1000 * (machine_cpu_s() - before) / len(run.latencies_s)
+            cpu_ms = 1000 * (cpu.read() - before) / len(run.latencies_s)
     print(f"{run.throughput:.1f} texts/s  {cpu_ms:.2f} CPU ms/text", flush=True)
 
 

@@ -113,15 +113,7 @@ def run_many(
         return []
     key, ids = reply_ids(len(inputs))
     _queue(inputs, priority, model, deadline_s, owner, quota, ids=ids)
-    backend = get_app().backend
-    metas = replies.wait(
-        shared_state.client(),
-        key,
-        ids,
-        result_key=backend.get_key_for_task,
-        decode=backend.decode_result,
-        timeout=timeout,
-    )
+    metas = replies.wait(shared_state.client(), key, ids, get_app().backend, timeout=timeout)
     return [metas[t]["result"] for t in ids]
 
 

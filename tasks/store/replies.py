@@ -15,7 +15,7 @@ every answer or with its timeout, never a hang.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -29,12 +29,12 @@ def wait(
     r: redis.Redis,
     key: str,
     task_ids: Sequence[str],
+    backend: Any,
     *,
-    result_key: Callable[[str], str],
-    decode: Callable[[bytes], dict[str, Any]],
     timeout: float | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The decoded answer meta of every id in `task_ids`, popped from the list `key`.
+    """The answer meta of every id in `task_ids`, popped from the list `key` and
+    decoded as Celery's result `backend` (which stores them) decodes its own.
     Raises Celery's TimeoutError if they are not all in within `timeout` seconds; the
     list is dropped either way, and answers that come later stay stored under their ids."""
     pending = set(task_ids)
@@ -50,9 +50,9 @@ def wait(
                 raws = popped[1]
             else:
                 ids = sorted(pending)
-                raws = [v for v in r.mget([result_key(t) for t in ids]) if v is not None]
+                raws = [v for v in r.mget([backend.get_key_for_task(t) for t in ids]) if v is not None]
             for raw in raws:
-                meta = decode(raw)
+                meta = backend.decode_result(raw)
                 task_id = meta.get("task_id")
                 if task_id in pending:
                     pending.discard(task_id)

@@ -45,17 +45,6 @@ def assert_own_answers(texts: list[str], values: list[object]) -> None:
             assert value == synthetic.embed(text)
 
 
-def wait_for_group(redis_client, key: str, ids: list[str], timeout: float) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    return replies.wait(
-        redis_client,
-        key,
-        ids,
-        result_key=app.backend.get_key_for_task,
-        decode=app.backend.decode_result,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def minilm():  # type: ignore[no-untyped-def]
     from gpu_workers.models import get_spec
@@ -202,7 +191,7 @@ def test_run_many_times_out_with_celerys_error_and_leaves_no_list(live_system, r
     key, ids = reply_ids(2)
     redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
     with pytest.raises(CeleryTimeoutError):
-        wait_for_group(redis_client, key, ids, timeout=0.5)
+        replies.wait(redis_client, key, ids, app.backend, timeout=0.5)
     assert not redis_client.exists(key)
 
 
@@ -213,7 +202,7 @@ def test_an_answer_missing_from_its_reply_list_is_read_where_it_is_stored(live_s
     redis_client.rpush(key, app.backend.encode({"status": "SUCCESS", "result": 1, "task_id": ids[0]}))
     stored = {"status": "SUCCESS", "result": 2, "task_id": ids[1]}
     redis_client.set(app.backend.get_key_for_task(ids[1]), app.backend.encode(stored), ex=60)
-    metas = wait_for_group(redis_client, key, ids, timeout=10)
+    metas = replies.wait(redis_client, key, ids, app.backend, timeout=10)
     assert {t: m["result"] for t, m in metas.items()} == {ids[0]: 1, ids[1]: 2}
 
 
