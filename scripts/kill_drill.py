@@ -7,6 +7,8 @@ and, against a `make run` that started its own Redis (`REDIS_PORT=6390 make run`
 
     REDIS_URL=redis://127.0.0.1:6390/0 .venv/bin/python scripts/kill_drill.py redis
 
+    .venv/bin/python scripts/kill_drill.py gpu-cpu0 --many 25   # callers use run_many
+
 It kills the named supervised program's main process once a tenth of the answers are
 in, and restarts nothing itself. Exits 0 only if every request got its own answer.
 """
@@ -32,11 +34,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("program", help="supervised program to kill: gpu-cpu0, collector, web, flower, redis, ...")
     parser.add_argument("-n", type=int, default=300)
+    parser.add_argument("--many", type=int, default=0, help="each caller sends chunks of this many by run_many")
     args = parser.parse_args()
 
     from tqdm import tqdm
 
-    from tasks.edge.client import submit
+    from tasks.edge.client import run_many, submit
 
     conf = ROOT / ".run" / "supervisord.conf"
     ctl = [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf)]
@@ -45,21 +48,32 @@ def main() -> int:
     lock = threading.Lock()
     killed = threading.Event()
 
-    def one(text: str) -> tuple[str, int]:
+    def answers(chunk: list[str]) -> list[tuple[str, int]]:
+        if args.many:
+            vectors = run_many(chunk, timeout=300)
+            failed = [v for v in vectors if isinstance(v, BaseException)]
+            if failed:
+                raise failed[0]
+        else:
+            vectors = [submit(chunk[0]).get(timeout=300)]
+        count(len(chunk))
+        return [(t, len(v)) for t, v in zip(chunk, vectors, strict=True)]
+
+    def count(n: int) -> None:
         nonlocal answered
-        vector = submit(text).get(timeout=300)
         with lock:
-            answered += 1
+            answered += n
             if answered >= args.n // 10 and not killed.is_set():
                 killed.set()
                 pid = int(subprocess.run([*ctl, "pid", args.program], capture_output=True, text=True).stdout)
                 os.kill(pid, signal.SIGKILL)
                 print(f"\nkilled {args.program} (pid {pid}) after {answered} answers", flush=True)
-        return text, len(vector)
 
+    size = args.many or 1
+    chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
-        results = list(tqdm(pool.map(one, texts), total=len(texts), desc="answers"))
+        results = [a for chunk in tqdm(pool.map(answers, chunks), total=len(chunks), desc="calls") for a in chunk]
     took = time.monotonic() - started
     ok = all(n == 384 for _, n in results) and [t for t, _ in results] == texts
     status = subprocess.run([*ctl, "status"], capture_output=True, text=True).stdout
