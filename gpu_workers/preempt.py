@@ -47,6 +47,7 @@ from kombu import Queue
 from tasks.protocol import events as flower_events
 from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK
 
+from .taken import Taken
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,17 @@ class _Armed:
 
 class Preemption:
     def __init__(
-        self, app: Celery, watchdog: Watchdog, *, emit: Callable[[dict[str, Any]], None], device_id: str, hostname: str
+        self,
+        app: Celery,
+        watchdog: Watchdog,
+        *,
+        emit: Callable[[dict[str, Any]], None],
+        device_id: str,
+        hostname: str,
+        taken: Taken | None = None,
     ) -> None:
         self.app = app
+        self.taken = taken
         self.watchdog = watchdog
         self._emit = emit
         self.device_id = device_id
@@ -193,6 +202,8 @@ class Preemption:
             message.ack()
             return
         task = self.app.tasks[headers.get("task") or BATCH_TASK]
+        if self.taken is not None and task_id:
+            self.taken.took(task_id, message.delivery_tag)
         request = {
             **headers,
             **(embed or {}),

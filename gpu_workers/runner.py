@@ -41,6 +41,7 @@ from .health import DeviceHealth
 from .models import get_spec
 from .models.base import BatchRunner
 from .preempt import Preemption
+from .taken import Taken
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ class DeviceRunner:
         self.nodename = nodename
         self.device_id = f"{device}@{socket.gethostname()}"
         self.health = DeviceHealth(app, self.device_id, nodename)
+        #: The batch messages this worker holds; what a killed predecessor held goes
+        #: back to the broker now, not after the visibility timeout.
+        self.taken = Taken(app, self.device_id)
+        self.taken.reclaim()
         self._models: dict[str, BatchRunner] = {}
         self._outcomes = OutcomeWriter(app)
         self.batches = 0
@@ -70,7 +75,12 @@ class DeviceRunner:
         self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
         #: Long batches let waiting ones run between their layers (gpu_workers/preempt.py).
         self.preempt = Preemption(
-            app, self.watchdog, emit=self._emit, device_id=self.device_id, hostname=nodename or self.device_id
+            app,
+            self.watchdog,
+            emit=self._emit,
+            device_id=self.device_id,
+            hostname=nodename or self.device_id,
+            taken=self.taken,
         )
         self.bisector = Bisector(self.watchdog, clock=self.preempt.own_clock)
         self.started_at = time.time()
@@ -292,6 +302,8 @@ class DeviceRunner:
         running = self._running
         log.critical("device %s is hung inside a model call; handing its batch back and exiting", self.device_id)
         self._stop.set()  # no more heartbeats from a worker that cannot work
+        # What it holds is handed back here, not by the worker that replaces it.
+        self.taken.forget()
         try:
             if running is not None:
                 batch, todo = running

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from django.conf import settings
 
 from . import runner
@@ -34,10 +34,13 @@ class DeviceStep(bootsteps.StartStopStep):
         os.environ.setdefault("DEVICE_COUNT", str(max(1, len(settings.DEVICES) or 1)))
         self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)
         runner.install(self.runner)
+        # The consumer's batch messages: their delivery tags are noted as they arrive.
+        signals.task_received.connect(self.runner.taken.on_received, weak=False)
         log.info("device worker ready on %s with %s", self.device, ", ".join(models))
 
     def stop(self, worker: Any) -> None:
         if self.runner is not None:
+            signals.task_received.disconnect(self.runner.taken.on_received)
             runner.install(None)
             self.runner.close()
             self.runner = None

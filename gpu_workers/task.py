@@ -37,11 +37,15 @@ def run_batch(self: Task, batch: dict[str, Any]) -> dict[str, Any]:
         # handing it back would only bring it back.
         log.error("batch task %s has a malformed body; dropping it", self.request.id)
         return {"malformed": True}
+    device = runner.current()
     try:
-        return runner.current().execute(batch, redelivered=redelivered, task_id=self.request.id)
+        return device.execute(batch, redelivered=redelivered, task_id=self.request.id)
     except Exception as exc:
         log.exception("batch %s could not finish; handing it back to the broker", self.request.id)
         raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc
+    finally:
+        # Answered or handed back: a worker started after this one must not restore it.
+        device.taken.finished(self.request.id)
 
 
 def well_formed(batch: Any) -> bool:

@@ -43,7 +43,8 @@ _check(CELERY_RESULT_EXPIRES > 0, "RESULT_EXPIRES_S", CELERY_RESULT_EXPIRES, "a 
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 #: An unacked batch message (a batch a device runs) goes back to its queue this long
-#: after its device vanished. No batch runs nearly this long. (Requests the collector
+#: after its device vanished, or as soon as a worker restarts under that device's id
+#: (gpu_workers/taken.py). No batch runs nearly this long. (Requests the collector
 #: holds are in Redis hashes that the next collector adopts at once: tasks/request_queues.py.)
 VISIBILITY_TIMEOUT_S = env.int("VISIBILITY_TIMEOUT_S", default=30)
 _check(VISIBILITY_TIMEOUT_S > 0, "VISIBILITY_TIMEOUT_S", VISIBILITY_TIMEOUT_S, "a positive number of seconds")

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from ..core.errors import RequestLost
-from ..protocol.names import PRIORITIES
+from ..protocol.names import PRIORITIES, SHARED_BATCH_QUEUES, device_queue_name
 from ..protocol.results import Outcome
-from ..store import clock, ledger, request_queues, shared_state
+from ..store import clock, deliveries, ledger, request_queues, shared_state
 
 if TYPE_CHECKING:
     from .loop import Collector
@@ -31,11 +31,18 @@ def run(c: Collector, r: Any, now: float) -> None:
     c.lease.renew()  # raises LeaseLost if another collector took over
     apply_policy(c, shared_state.read_policy(r))
     read_devices(c, r)
-    for batch_id, age in c.slots.reclaim_stale():
+    stale = c.slots.reclaim_stale()
+    for batch_id, age in stale:
         log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)
+    if stale:
+        recover_vanished(c, r, [batch_id for batch_id, _ in stale])
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
         c.slow_inputs = shared_state.slow_inputs(r)
+        # Batches the slots forgot (never reported done) need no recovery any more.
+        live = c.slots.outstanding.keys() | c.slots.background.keys() | c.slots.slow.keys()
+        for batch_id in [b for b in c.in_batches if b not in live]:
+            del c.in_batches[batch_id]
         sweep_ledger(c, r)
     buffered = heartbeat(c, r)
     c.metrics.flush(r, buffered=buffered)
@@ -53,6 +60,26 @@ def read_devices(c: Collector, r: Any) -> None:
     live = shared_state.live_devices(r)
     c.devices = len(live)
     c.outbox.device_names = sorted(str(info.get("device")) for info in live.values())
+
+
+def recover_vanished(c: Collector, r: Any, batch_ids: list[str]) -> None:
+    """Batches not reported done in time that are nowhere, neither queued nor held
+    unacked by a device, died with the device that took them (between kombu's BRPOP and
+    its unacked write): no broker redelivery will bring them back. Their requests are
+    made overdue in the ledger and the sweep runs at once, instead of after
+    LEDGER_GRACE_S. A batch still somewhere (running long, or handed back by a
+    restarted device: gpu_workers/taken.py) is left to run."""
+    queues = [*SHARED_BATCH_QUEUES, *(device_queue_name(name) for name in c.outbox.device_names)]
+    gone = deliveries.nowhere(r, batch_ids, queues)
+    ids = [task_id for batch_id in gone for task_id in c.in_batches.get(batch_id, [])]
+    for batch_id in gone:
+        c.in_batches.pop(batch_id, None)
+    if ids:
+        log.warning(
+            "batch(es) %s vanished with the device that took them; their %d request(s) go back now", gone, len(ids)
+        )
+        ledger.expedite(r, ids)
+        c.next_sweep = 0.0
 
 
 def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:

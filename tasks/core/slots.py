@@ -23,7 +23,8 @@ class Slots:
     clock: Callable[[], float]
     #: A batch not reported done after this many times its expected time (and at least
     #: `stale_min_s`) is presumed lost with its device: its slot is freed. The batch
-    #: itself is redelivered by the broker after the visibility timeout.
+    #: itself comes back from the device started in its place, or, if it was lost on
+    #: the way, from the ledger (tasks/collector/housekeeping.py::recover_vanished).
     stale_factor: float = 4.0
     stale_min_s: float = 3.0
     #: What a batch of each model costs, learned from the devices' done reports: the

@@ -79,6 +79,12 @@ def redeliveries_key(task_id: str) -> str:
     return f"{PREFIX}redeliveries:{task_id}"
 
 
+def taken_key(holder: str) -> str:
+    """Set: delivery tags of the batch messages a device worker (by its device id) has
+    taken from the broker and not yet finished (tasks/store/deliveries.py)."""
+    return f"{PREFIX}taken:{holder}"
+
+
 def owner_key(task_id: str) -> str:
     """String "<tier>|<owner>": who submitted this request (tasks/store/owners.py). It
     lives as long as the request's answer, and decides who may read it."""

@@ -1,17 +1,26 @@
-"""How often the broker has handed a batch task out again.
+"""How often the broker has handed a batch task out again, and which batch messages a
+device worker holds.
 
 A batch message comes back (kombu marks it redelivered) when its device worker died
 running it, or when the worker could not finish it and requeued it. A first delivery
 costs nothing here; each redelivery adds one, so a device worker knows how often a
 batch has already failed to finish (gpu_workers/runner.py splits it, and answers a
 lone request that keeps killing workers with its own error).
+
+A batch message is acked only once answered, so one held by a device worker that is
+killed stays with the broker, unacked, until the visibility timeout hands it out again.
+Each device worker notes the delivery tags it holds under its device id, and one
+started under the same id (supervisord or docker restarts it in place) hands them back
+at once (gpu_workers/taken.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis
 
-from ..protocol.names import redeliveries_key
+from ..protocol.names import redeliveries_key, taken_key
 
 #: A counter outlives any redelivery by far; it only has to outlive the batch.
 KEEP_S = 3600
@@ -24,3 +33,42 @@ def count(r: redis.Redis, task_id: str) -> int:
     pipe.incr(key)
     pipe.expire(key, KEEP_S)
     return int(pipe.execute()[0])
+
+
+def hold(r: redis.Redis, holder: str, tag: str) -> None:
+    """`holder` has taken the batch message with delivery tag `tag`."""
+    pipe = r.pipeline(transaction=False)
+    pipe.sadd(taken_key(holder), tag)
+    pipe.expire(taken_key(holder), KEEP_S)
+    pipe.execute()
+
+
+def release(r: redis.Redis, holder: str, tag: str) -> None:
+    """`holder` is done with `tag`: answered, or handed back to the broker."""
+    r.srem(taken_key(holder), tag)
+
+
+def held(r: redis.Redis, holder: str) -> list[str]:
+    """The tags `holder` took and never released; forgets them."""
+    pipe = r.pipeline(transaction=True)
+    pipe.smembers(taken_key(holder))
+    pipe.delete(taken_key(holder))
+    return sorted(t.decode() if isinstance(t, bytes) else t for t in pipe.execute()[0])
+
+
+#: Where kombu's Redis transport keeps unacked messages (its default `unacked_key`).
+UNACKED_KEY = "unacked"
+
+
+def nowhere(r: redis.Redis, batch_ids: Sequence[str], queues: Sequence[str]) -> list[str]:
+    """The batch tasks among `batch_ids` that neither wait in any of `queues` nor are
+    held unacked by a device: popped by a device that died before recording them (the
+    gap between BRPOP and kombu's unacked write). Their requests are lost."""
+    if not batch_ids:
+        return []
+    pipe = r.pipeline(transaction=False)
+    pipe.hvals(UNACKED_KEY)
+    for queue in queues:
+        pipe.lrange(queue, 0, -1)
+    found = b"\n".join(raw for rows in pipe.execute() for raw in rows)
+    return [b for b in batch_ids if b.encode() not in found]

@@ -11,16 +11,19 @@ import pytest
 import redis
 from batches import batch_of
 from celery.result import AsyncResult
+from kombu import Queue
 
 from batching_site.celery import app
+from gpu_workers import resend
 from gpu_workers import runner as runner_module
 from gpu_workers.models import synthetic
 from gpu_workers.runner import DeviceRunner
+from gpu_workers.taken import Taken
 from gpu_workers.task import run_batch
 from tasks.core.errors import ModelUnavailable, WorkerCrashed
 from tasks.protocol import wire
 from tasks.protocol.names import BATCH_QUEUE, redeliveries_key
-from tasks.store import deliveries, shared_state
+from tasks.store import deliveries, ledger, shared_state
 
 
 def outcome(request: dict[str, Any]) -> AsyncResult:
@@ -109,3 +112,51 @@ def test_a_malformed_batch_is_dropped_not_handed_back_forever(bare_runner: Devic
             assert result.state == "SUCCESS" and result.result == {"malformed": True}, json.dumps(body)
     finally:
         runner_module.install(None)
+
+
+def test_a_killed_workers_batch_goes_back_when_a_worker_starts_under_its_device_id(bare_runner: DeviceRunner) -> None:
+    # A worker takes a batch message unacked, notes it, and dies (kill -9: no ack, no
+    # channel close). Its successor under the same device id hands it back at start,
+    # marked redelivered as the visibility timeout would, without waiting for it.
+    batch = batch_of(["one", "two"])
+    resend.resend(app, batch, batch["batch_id"])
+    released = batch_of(["answered"])
+    resend.resend(app, released, released["batch_id"])
+    holder = "cpu:9@a-host"
+    with app.connection_for_read() as conn:
+        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
+        held, done = queue.get(no_ack=False), queue.get(no_ack=False)
+        dead = Taken(app, holder)
+        dead.took(batch["batch_id"], held.delivery_tag)
+        dead.took(released["batch_id"], done.delivery_tag)
+        dead.finished(released["batch_id"])  # answered before it died: not handed back
+        assert queued_batches() == []
+
+        assert Taken(app, holder).reclaim() == 1
+        [raw] = shared_state.client().lrange(BATCH_QUEUE, 0, -1)
+        assert wire.body(raw)[0][0]["batch_id"] == batch["batch_id"]
+        assert json.loads(raw)["properties"]["delivery_info"]["redelivered"] is True
+        # Another worker's notes, and a second start, hand back nothing.
+        assert Taken(app, "cpu:9@another-host").reclaim() == 0
+        assert Taken(app, holder).reclaim() == 0
+
+
+def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhere(bare_runner: DeviceRunner) -> None:
+    # kombu pops a message (BRPOP) and records it unacked in a second command; a device
+    # killed between the two takes the batch with it. The collector tells that batch
+    # from one still queued or held, and makes its requests overdue in the ledger.
+    r = shared_state.client()
+    held, popped, waiting = (batch_of([text]) for text in ("held", "popped", "waiting"))
+    for b in (held, popped, waiting):
+        resend.resend(app, b, b["batch_id"])
+    with app.connection_for_read() as conn:
+        assert Queue(BATCH_QUEUE).bind(conn.default_channel).get(no_ack=False) is not None  # held, unacked
+        r.rpop(BATCH_QUEUE)  # popped, and its device died
+        ids = [b["batch_id"] for b in (held, popped, waiting)]
+        assert deliveries.nowhere(r, ids, [BATCH_QUEUE]) == [popped["batch_id"]]
+
+    lost_id = popped["requests"][0]["id"]
+    r.zadd(ledger.LEDGER_KEY, {lost_id: 1e12})
+    ledger.expedite(r, [lost_id, "never-accepted"])
+    assert r.zscore(ledger.LEDGER_KEY, lost_id) == 0.0, "overdue at the next sweep"
+    assert r.zscore(ledger.LEDGER_KEY, "never-accepted") is None, "only entries still in the ledger"
