@@ -5,6 +5,7 @@ on a Redis of its own (`bare_runner`)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from gpu_workers.models import synthetic
 from gpu_workers.runner import DeviceRunner
 from gpu_workers.taken import Taken
 from gpu_workers.task import run_batch
+from tasks.collector import housekeeping
 from tasks.core.errors import ModelUnavailable, WorkerCrashed
 from tasks.protocol import wire
 from tasks.protocol.names import BATCH_QUEUE, redeliveries_key
@@ -160,3 +162,16 @@ def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhe
     ledger.expedite(r, [lost_id, "never-accepted"])
     assert r.zscore(ledger.LEDGER_KEY, lost_id) == 0.0, "overdue at the next sweep"
     assert r.zscore(ledger.LEDGER_KEY, "never-accepted") is None, "only entries still in the ledger"
+
+
+def test_the_collector_sends_the_requests_of_a_vanished_batch_back_at_once(bare_runner: DeviceRunner) -> None:
+    r = shared_state.client()
+    lost = batch_of(["lost with its device"])
+    request_id = lost["requests"][0]["id"]
+    r.zadd(ledger.LEDGER_KEY, {request_id: 1e12})
+    collector = SimpleNamespace(
+        outbox=SimpleNamespace(device_names=[]), in_batches={lost["batch_id"]: [request_id]}, next_sweep=5.0
+    )
+    housekeeping.recover_vanished(collector, r, [lost["batch_id"]])  # type: ignore[arg-type]
+    assert r.zscore(ledger.LEDGER_KEY, request_id) == 0.0
+    assert collector.next_sweep == 0.0 and collector.in_batches == {}, "swept now, and forgotten"
