@@ -149,6 +149,12 @@ def main() -> None:
     ap.add_argument("--devices", type=int, choices=[1, 2], default=None, help="only this many devices")
     ap.add_argument("--lane", choices=["share", "idle"], default="share", help="the slow lane's policy")
     ap.add_argument(
+        "--share",
+        type=float,
+        default=BatchPolicy.slow_lane_share,
+        help="under 'share': the slow lane's share of device time",
+    )
+    ap.add_argument(
         "--factor", type=float, default=settings.SLOW_FACTOR, help="watchdog limit, times the expected batch time"
     )
     ap.add_argument(
@@ -179,7 +185,7 @@ def main() -> None:
         )
         with system:
             connect(system.redis_url)
-            shared_state.publish_policy(BatchPolicy(slow_lane=args.lane))
+            shared_state.publish_policy(BatchPolicy(slow_lane=args.lane, slow_lane_share=args.share))
             run(arrivals(args.rate, 3.0, 0.0, args.seed + 1), f"{label} warm-up")  # let cost models learn
             if args.known and slow_share:
                 offenders = sorted({text for _, text, slow in stream if slow})
@@ -212,7 +218,7 @@ def main() -> None:
 
     print(
         f"\n{args.rate:.0f} req/s open loop, {args.slow_share:.0%} slow inputs (20x cost) in the slow runs, "
-        f"slow lane policy {args.lane!r}, watchdog {args.factor:g}x expected (floor {args.floor:g} s); "
+        f"slow lane policy {args.lane!r} (share {args.share:g}), watchdog {args.factor:g}x expected (floor {args.floor:g} s); "
         f"contention: {os.cpu_count()} CPU burners\n"
     )
     print(
