@@ -81,7 +81,7 @@ class Preemption:
         emit: Callable[[dict[str, Any]], None],
         device_id: str,
         hostname: str,
-        taken: Taken | None = None,
+        taken: Taken,
     ) -> None:
         self.app = app
         self.taken = taken
@@ -202,7 +202,7 @@ class Preemption:
             message.ack()
             return
         task = self.app.tasks[headers.get("task") or BATCH_TASK]
-        if self.taken is not None and task_id:
+        if task_id:
             self.taken.took(task_id, message.delivery_tag)
         request = {
             **headers,

@@ -39,10 +39,6 @@ def run(c: Collector, r: Any, now: float) -> None:
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
         c.slow_inputs = shared_state.slow_inputs(r)
-        # Batches the slots forgot (never reported done) need no recovery any more.
-        live = c.slots.outstanding.keys() | c.slots.background.keys() | c.slots.slow.keys()
-        for batch_id in [b for b in c.in_batches if b not in live]:
-            del c.in_batches[batch_id]
         sweep_ledger(c, r)
     buffered = heartbeat(c, r)
     c.metrics.flush(r, buffered=buffered)
@@ -66,19 +62,18 @@ def recover_vanished(c: Collector, r: Any, batch_ids: list[str]) -> None:
     """Batches not reported done in time that are nowhere, neither queued nor held
     unacked by a device, died with the device that took them (between kombu's BRPOP and
     its unacked write): no broker redelivery will bring them back. Their requests are
-    made overdue in the ledger and the sweep runs at once, instead of after
+    made overdue in the ledger (touched at time 0) and the sweep runs at once, instead of after
     LEDGER_GRACE_S. A batch still somewhere (running long, or handed back by a
     restarted device: gpu_workers/taken.py) is left to run."""
     queues = [*SHARED_BATCH_QUEUES, *(device_queue_name(name) for name in c.outbox.device_names)]
+    requests = {batch_id: c.slots.requests.pop(batch_id, []) for batch_id in batch_ids}
     gone = deliveries.nowhere(r, batch_ids, queues)
-    ids = [task_id for batch_id in gone for task_id in c.in_batches.get(batch_id, [])]
-    for batch_id in gone:
-        c.in_batches.pop(batch_id, None)
+    ids = [task_id for batch_id in gone for task_id in requests[batch_id]]
     if ids:
         log.warning(
             "batch(es) %s vanished with the device that took them; their %d request(s) go back now", gone, len(ids)
         )
-        ledger.expedite(r, ids)
+        ledger.touch(r, ids, 0.0)  # overdue at once
         c.next_sweep = 0.0
 
 

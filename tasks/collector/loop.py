@@ -79,9 +79,6 @@ class Collector:
         self.schedulers: dict[str, Scheduler[Held]] = {}
         self.held: dict[str, Item[Held]] = {}
         self.slots = Slots(self.clock.now)
-        #: The request ids of each batch sent and not reported done: if its device dies
-        #: as it takes it, they go back at once (housekeeping.recover_vanished).
-        self.in_batches: dict[str, list[str]] = {}
         self.slow_inputs: set[str] = set()
         #: Known-slow inputs wait here, apart, until the policy lets one take a device.
         self.slow_lane: SlowLane[Held] = SlowLane(self.clock.now)
@@ -247,7 +244,6 @@ class Collector:
         if kind == "done":
             run_s = float(body.get("run_ms") or 0) / 1000
             self.slots.done(body.get("batch_id"), int(body.get("padded_tokens") or 0), run_s)
-            self.in_batches.pop(str(body.get("batch_id")), None)
             self.slow_lane.ran(str(body.get("lane") or "normal"), run_s)
         elif kind == "yielding":
             # The device runs other batches inside this one now: send it the next.
@@ -303,8 +299,13 @@ class Collector:
         for (model, batch), body in zip(formed, bodies, strict=True):
             for item in batch.items:
                 self.held.pop(item.id, None)
-            self.slots.sent(body["batch_id"], batch.padded_tokens, lane=body["lane"], model=model)
-            self.in_batches[body["batch_id"]] = [item.id for item in batch.items]
+            self.slots.sent(
+                body["batch_id"],
+                batch.padded_tokens,
+                lane=body["lane"],
+                model=model,
+                requests=[i.id for i in batch.items],
+            )
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
             self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)

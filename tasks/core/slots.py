@@ -12,7 +12,7 @@ Pure: the caller gives a clock and reports sends and completions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .slowness import CostModel, slow_after
@@ -36,6 +36,9 @@ class Slots:
     background: dict[str, tuple[float, int, str]] = field(default_factory=dict)
     #: Slow-lane batches not done: batch id -> when sent.
     slow: dict[str, float] = field(default_factory=dict)
+    #: Each batch's request ids, from sent until it is done or forgotten; a stale one's
+    #: until the collector has looked for it (housekeeping.recover_vanished).
+    requests: dict[str, list[str]] = field(default_factory=dict)
     #: A background or slow-lane batch never reported done is forgotten after this long
     #: (its device died; the broker redelivers it, and it is counted again if it yields).
     forget_after_s: float = 120.0
@@ -61,9 +64,12 @@ class Slots:
             costs = self.costs[model] = CostModel()
         return costs
 
-    def sent(self, batch_id: str, padded_tokens: int, *, lane: str = "normal", model: str = "") -> None:
+    def sent(
+        self, batch_id: str, padded_tokens: int, *, lane: str = "normal", model: str = "", requests: Sequence[str] = ()
+    ) -> None:
         now = self.clock()
         self.outstanding[batch_id] = (now, padded_tokens, model)
+        self.requests[batch_id] = list(requests)
         if lane == "slow":
             self.slow[batch_id] = now
 
@@ -80,6 +86,7 @@ class Slots:
         if not isinstance(batch_id, str):
             return False
         self.slow.pop(batch_id, None)
+        self.requests.pop(batch_id, None)
         sent = self.outstanding.pop(batch_id, None) or self.background.pop(batch_id, None)
         if sent is None:
             return False
@@ -101,4 +108,5 @@ class Slots:
             if now - sent > self.forget_after_s:
                 self.background.pop(batch_id, None)
                 self.slow.pop(batch_id, None)
+                self.requests.pop(batch_id, None)
         return stale

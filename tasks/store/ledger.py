@@ -10,7 +10,7 @@ entry when it sends it to a device, in the same transaction; and the outcome wri
 strikes it off in the same script that stores the answer.
 
 The collector sweeps the ledger (tasks/collector/housekeeping.py), and makes a request
-overdue at once when it finds the batch it was sent in nowhere (`expedite`). A request is lost
+overdue at once (touched at time 0) when it finds the batch it was sent in nowhere. A request is lost
 when its entry is older than any redelivery takes, it is not held by the collector, and
 it cannot be waiting in its queue: its entry is older than that of the oldest request
 still queued there (a queue is first in, first out). That rule holds under any backlog,
@@ -77,14 +77,6 @@ def touch(pipe: redis.client.Pipeline | redis.Redis, task_ids: Sequence[str], no
     sweep gives them time again. Only entries still in the ledger are touched."""
     if task_ids:
         pipe.zadd(LEDGER_KEY, dict.fromkeys(task_ids, now), xx=True)
-
-
-def expedite(r: redis.Redis, task_ids: Sequence[str]) -> None:
-    """Make requests known to be lost overdue now, so the next sweep queues them again
-    without waiting out the grace (their batch vanished with the device that took it,
-    tasks/collector/housekeeping.py). Only entries still in the ledger are changed."""
-    if task_ids:
-        r.zadd(LEDGER_KEY, dict.fromkeys(task_ids, 0.0), xx=True)
 
 
 def count_attempts(r: redis.Redis, task_ids: Sequence[str]) -> list[int]:

@@ -23,6 +23,7 @@ from gpu_workers.taken import Taken
 from gpu_workers.task import run_batch
 from tasks.collector import housekeeping
 from tasks.core.errors import ModelUnavailable, WorkerCrashed
+from tasks.core.slots import Slots
 from tasks.protocol import wire
 from tasks.protocol.names import BATCH_QUEUE, redeliveries_key
 from tasks.store import deliveries, ledger, shared_state
@@ -159,7 +160,7 @@ def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhe
 
     lost_id = popped["requests"][0]["id"]
     r.zadd(ledger.LEDGER_KEY, {lost_id: 1e12})
-    ledger.expedite(r, [lost_id, "never-accepted"])
+    ledger.touch(r, [lost_id, "never-accepted"], 0.0)
     assert r.zscore(ledger.LEDGER_KEY, lost_id) == 0.0, "overdue at the next sweep"
     assert r.zscore(ledger.LEDGER_KEY, "never-accepted") is None, "only entries still in the ledger"
 
@@ -169,9 +170,9 @@ def test_the_collector_sends_the_requests_of_a_vanished_batch_back_at_once(bare_
     lost = batch_of(["lost with its device"])
     request_id = lost["requests"][0]["id"]
     r.zadd(ledger.LEDGER_KEY, {request_id: 1e12})
-    collector = SimpleNamespace(
-        outbox=SimpleNamespace(device_names=[]), in_batches={lost["batch_id"]: [request_id]}, next_sweep=5.0
-    )
+    slots = Slots(clock=lambda: 0.0)
+    slots.sent(lost["batch_id"], 10, requests=[request_id])
+    collector = SimpleNamespace(outbox=SimpleNamespace(device_names=[]), slots=slots, next_sweep=5.0)
     housekeeping.recover_vanished(collector, r, [lost["batch_id"]])  # type: ignore[arg-type]
     assert r.zscore(ledger.LEDGER_KEY, request_id) == 0.0
-    assert collector.next_sweep == 0.0 and collector.in_batches == {}, "swept now, and forgotten"
+    assert collector.next_sweep == 0.0 and slots.requests == {}, "swept now, and forgotten"
