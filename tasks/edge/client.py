@@ -10,16 +10,20 @@ Each request is validated and tokenized here, at the edge, then queued as one Ce
 task message on its priority's queue: all the messages of one call in one round trip,
 together with the queue-cap check (tasks/store/request_queues.py). Its task id is its AsyncResult id: the
 device worker that runs it stores the answer (or this request's own error) under it.
+The requests of one call form a reply group: their answers are also pushed onto the
+group's list, and `.get()` and `gather` pop them from there (tasks/store/replies.py);
+`AsyncResult(id).get()` anywhere else waits through Celery as usual.
 Safe to call from many threads and processes at once.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from celery.result import AsyncResult, ResultSet
+from celery.result import AsyncResult, ResultSet, assert_will_not_block
 from django.conf import settings
 
 from gpu_workers.models import get_spec
@@ -41,7 +45,9 @@ __all__ = [
     "Quota",
     "QuotaExceeded",
     "RequestTooLarge",
+    "Reply",
     "details",
+    "enqueue",
     "gather",
     "run_many",
     "submit",
@@ -82,9 +88,79 @@ def submit_many(
     `owner` names who submits ("user:42"): only they (and staff) may read the answers
     on the web, and `quota` bounds what they may spend. A script calling this in-process
     is trusted and passes neither."""
+    inputs = _listed(inputs, "submit_many")
+    if not inputs:
+        return []
+    key, ids = reply_ids(len(inputs))
+    _queue(inputs, priority, model, deadline_s, owner, quota, ids=ids)
     app = get_app()
-    task_ids = _queue(inputs, priority, model, deadline_s, owner, quota, ids=None)
-    return [app.AsyncResult(task_id, task_name=REQUEST_TASK) for task_id in task_ids]
+    box = replies.Mailbox(shared_state.client(), key, ids, app.backend)
+    return [Reply(task_id, box, app=app) for task_id in ids]
+
+
+def enqueue(
+    inputs: Iterable[Any],
+    *,
+    priority: str = "normal",
+    model: str | None = None,
+    deadline_s: float | None = None,
+    owner: str = "",
+    quota: Quota | None = None,
+) -> list[str]:
+    """Queue several inputs for a caller that reads their answers later by id (the web:
+    GET /api/v1/requests/<id>) and never waits here: just the ids, with no reply list
+    for anyone to pop. Validates and raises as submit_many does."""
+    return _queue(_listed(inputs, "enqueue"), priority, model, deadline_s, owner, quota, ids=None)
+
+
+class Reply(AsyncResult):
+    """A request's AsyncResult, as `submit` and `submit_many` return it: `.get()` pops
+    its answer from its reply group's list (tasks/store/replies.py), where the outcome
+    script pushed it, instead of subscribing to its channel and asking Redis first, as
+    Celery's result consumer does. Everything else is Celery's: `.state`, `.ready()`,
+    `.forget()`; and a copy pickled elsewhere is a plain AsyncResult."""
+
+    def __init__(self, id: str, mailbox: replies.Mailbox, *, app: Any) -> None:
+        super().__init__(id, app=app, task_name=REQUEST_TASK)
+        self.mailbox = mailbox
+
+    def get(  # type: ignore[override]
+        self,
+        timeout: float | None = None,
+        propagate: bool = True,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        follow_parents: bool = True,
+        callback: Any = None,
+        on_message: Any = None,
+        on_interval: Any = None,
+        disable_sync_subtasks: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        if on_message is not None or on_interval is not None:
+            # Progress callbacks need Celery's own consumer, which hears every state.
+            return super().get(
+                timeout=timeout,
+                propagate=propagate,
+                interval=interval,
+                no_ack=no_ack,
+                follow_parents=follow_parents,
+                callback=callback,
+                on_message=on_message,
+                on_interval=on_interval,
+                disable_sync_subtasks=disable_sync_subtasks,
+                **kwargs,
+            )
+        if disable_sync_subtasks:
+            assert_will_not_block()  # as Celery's get: waiting inside a task deadlocks
+        if self._cache is None:
+            self._maybe_set_cache(self.mailbox.wait([self.id], timeout=timeout)[self.id])
+        return self.maybe_throw(propagate=propagate, callback=callback)
+
+    wait = get  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return AsyncResult, self.__reduce_args__()
 
 
 def run_many(
@@ -106,9 +182,7 @@ def run_many(
     The requests form one reply group (tasks/protocol/names.py::reply_ids): each answer
     is pushed onto the group's list as it is stored, and popped from there many at a
     time, instead of each being listened for on its own channel."""
-    if isinstance(inputs, str):
-        raise TypeError("run_many takes a list of inputs; use submit() for one text")
-    inputs = list(inputs)
+    inputs = _listed(inputs, "run_many")
     if not inputs:
         return []
     key, ids = reply_ids(len(inputs))
@@ -128,10 +202,8 @@ def _queue(
     ids: list[str] | None,
 ) -> list[str]:
     """Validate and queue `inputs` in one round trip; returns their task ids. With `ids`
-    (a reply group) the caller waits on the group's list; without, each request gets a
-    fresh id and Celery's result consumer listens for its answer."""
-    if isinstance(inputs, str):
-        raise TypeError("submit_many takes a list of inputs; use submit() for one text")
+    (a reply group) each answer is also pushed onto the group's list for a caller that
+    waits; without, each request gets a fresh id and its answer is only stored."""
     policy = _policy.get()
     requests = [
         accept(
@@ -160,33 +232,20 @@ def _queue(
     # events: one round trip.
     deadline = max((r.deadline_at for r in requests if r.deadline_at is not None), default=None)
     in_flight_s = _in_flight_s(requests[0].submitted_at, deadline)
-    # Listen for the answers before the requests can be taken, as Celery's send_task
-    # does: an answer published before its subscription would reach no one, and a
-    # caller that waits on many at once (gather) would wait out its timeout.
-    backend = app.backend
-    listen = ids is None
-    if listen:
-        for task_id, _ in entries:
-            backend.on_task_call(None, task_id)
-    try:
-        admitted = request_queues.admit(
-            shared_state.client(),
-            priority,
-            policy.queue_caps[priority],
-            entries,
-            events,
-            owner=owner,
-            quota=quota,
-            keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
-            in_flight_s=in_flight_s,
-        )
-    except BaseException:
-        if listen:
-            _stop_listening(backend, entries)
-        raise
+    # No subscription first, as Celery's send_task makes: a reply list keeps an answer
+    # pushed before anyone waits.
+    admitted = request_queues.admit(
+        shared_state.client(),
+        priority,
+        policy.queue_caps[priority],
+        entries,
+        events,
+        owner=owner,
+        quota=quota,
+        keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
+        in_flight_s=in_flight_s,
+    )
     if not admitted.accepted:
-        if listen:
-            _stop_listening(backend, entries)
         metrics.record_rejected(priority, len(entries), reason=admitted.refused_by, owner=owner)
         if admitted.refused_by != "tier":
             raise QuotaExceeded(owner, admitted.refused_by, priority, max(0.1, admitted.retry_after))
@@ -195,10 +254,10 @@ def _queue(
     return [task_id for task_id, _ in entries]
 
 
-def _stop_listening(backend: Any, entries: list[tuple[str, Any]]) -> None:
-    """Give up the answers' subscriptions of requests that were never queued."""
-    for task_id, _ in entries:
-        backend.result_consumer.cancel_for(task_id)
+def _listed(inputs: Iterable[Any], name: str) -> list[Any]:
+    if isinstance(inputs, str):
+        raise TypeError(f"{name} takes a list of inputs; use submit() for one text")
+    return list(inputs)
 
 
 def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> list[Any]:
@@ -206,15 +265,32 @@ def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> l
     request that failed has its own exception in its place (the others are unaffected).
     Raises celery.exceptions.TimeoutError if they are not all done within `timeout`.
 
-    Cheaper than `.get()` on each: the answers already stored come back in one MGET and
-    the rest on the one subscription (Celery's `ResultSet.join_native`), where each
-    `.get()` asks Redis for its own answer first (about 0.2 ms of client CPU a request)."""
+    Cheaper than `.get()` on each: the answers of one `submit_many` are popped from its
+    reply list many at a time. Other AsyncResults wait through Celery's
+    `ResultSet.join_native` (one MGET, then one subscription)."""
     results = list(results)
-    if not results:
-        return []
-    # interval=0: after its one MGET, join_native would nap `interval` (0.5 s) whenever an
-    # answer is still pending; the subscription does the waiting here.
-    return ResultSet(results, app=get_app()).join_native(timeout=timeout, propagate=False, interval=0)
+    end = None if timeout is None else time.monotonic() + timeout
+    boxes: dict[int, tuple[replies.Mailbox, list[Reply]]] = {}
+    others: list[AsyncResult] = []
+    answered: dict[str, Any] = {}
+    for r in results:
+        if isinstance(r, Reply):
+            boxes.setdefault(id(r.mailbox), (r.mailbox, []))[1].append(r)
+        else:
+            others.append(r)
+    for box, members in boxes.values():
+        left = None if end is None else max(0.0, end - time.monotonic())
+        metas = box.wait([r.id for r in members if r._cache is None], timeout=left)
+        for r in members:
+            if r._cache is None:
+                r._maybe_set_cache(metas[r.id])
+    if others:
+        left = None if end is None else max(0.0, end - time.monotonic())
+        # interval=0: after its one MGET, join_native would nap `interval` (0.5 s) whenever
+        # an answer is still pending; the subscription does the waiting here.
+        values = ResultSet(others, app=get_app()).join_native(timeout=left, propagate=False, interval=0)
+        answered = dict(zip((r.id for r in others), values, strict=True))
+    return [answered[r.id] if not isinstance(r, Reply) else r.maybe_throw(propagate=False) for r in results]
 
 
 #: How long past its deadline a request still counts as in flight: the device's run and

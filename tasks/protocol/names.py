@@ -113,12 +113,13 @@ def rate_key(owner: str) -> str:
 #: Hash: counters of first answers and of refused second answers.
 ANSWERS_KEY = PREFIX + "answers"
 
-#: Lists "<prefix><group>": the answers of one `run_many` call (tasks/edge/client.py),
-#: pushed by the outcome script (set_once.lua) as each is stored, so the caller pops
-#: them in a few round trips instead of listening for each on its own channel.
+#: Lists "<prefix><group>": the answers of one `submit_many` or `run_many` call
+#: (tasks/edge/client.py), pushed by the outcome script (set_once.lua) as each is
+#: stored, so the caller pops them instead of listening for each on its own channel.
 REPLIES_PREFIX = PREFIX + "replies:"
 #: The version digit that marks a request id as one of a reply group (reply_ids), and
-#: where it stands in the id. Ordinary requests have version 4 ids and no reply list.
+#: where it stands in the id. Requests nobody waits for (the web's) have version 4 ids
+#: and no reply list.
 REPLY_ID_VERSION, REPLY_ID_VERSION_AT = "8", 14
 #: How many leading characters of a grouped id name its group.
 REPLY_GROUP_CHARS = 23

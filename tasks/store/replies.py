@@ -1,11 +1,15 @@
-"""Waiting for the answers of one reply group (tasks/edge/client.py::run_many).
+"""Waiting for answers on a reply group's list (tasks/protocol/names.py::reply_ids).
 
 The outcome script pushes each grouped request's answer onto its group's list as it is
-stored (set_once.lua), so the caller pops many answers per round trip, and nothing
-published before it listened can be missed: a list keeps what a channel would drop.
-Written here rather than waiting through Celery's result consumer because that one
-subscribes, unsubscribes and yields the GIL once per request, which was half the
-client's CPU in a no-op run (docs/benchmarks.md).
+stored (set_once.lua), so a caller pops many answers per round trip, and nothing pushed
+before it waited can be missed: a list keeps what a channel would drop. Every request a
+script submits belongs to a group (tasks/edge/client.py): `.get()`, `gather` and
+`run_many` all wait here. Written here rather than waiting through Celery's result
+consumer because that one subscribes before the push, asks Redis for the answer before
+it listens, and unsubscribes after, with a GIL hand-off per message: half the client's
+CPU in a no-op run, and about 0.6 of its 1.5 CPU ms a MiniLM text at 16 callers
+(docs/benchmarks.md). Celery's channel is still published to, for any other process
+that waits on an id through Celery.
 
 Should the list ever lose an answer (a Redis restart without its append-only file), a
 quiet second reads the stored answers of what is still missing, so a wait ends with
@@ -14,6 +18,7 @@ every answer or with its timeout, never a hang.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +30,67 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 QUIET_S = 1.0
 
 
+class Mailbox:
+    """One reply group's answers, for however many callers wait on its members, from
+    however many threads: whoever waits pops what has arrived and keeps it here for the
+    others. The list is dropped once every member's answer is in hand (`close` drops it
+    sooner); a member nobody waits for leaves it to expire with the answers."""
+
+    def __init__(self, r: redis.Redis, key: str, task_ids: Sequence[str], backend: Any) -> None:
+        self._r = r
+        self.key = key
+        self._backend = backend
+        self._missing = set(task_ids)
+        self._got: dict[str, dict[str, Any]] = {}
+        # One popper at a time; the others find their answers in _got when it lets go.
+        self._lock = threading.Lock()
+
+    def wait(self, task_ids: Sequence[str], *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """The answer meta of every id in `task_ids` (decoded as Celery's result backend
+        decodes its own). Raises Celery's TimeoutError if they are not all in within
+        `timeout` seconds; answers that come later are still kept for a later wait."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if end is None else end - time.monotonic()
+            if not self._lock.acquire(timeout=-1 if left is None else max(0.0, left)):
+                self._raise_timeout(task_ids, timeout)
+            try:
+                absent = [t for t in task_ids if t not in self._got]
+                if not absent:
+                    return {t: self._got[t] for t in task_ids}
+                left = QUIET_S if end is None else end - time.monotonic()
+                if left <= 0:
+                    self._raise_timeout(task_ids, timeout)
+                self._collect(max(0.01, min(QUIET_S, left)), absent)
+            finally:
+                self._lock.release()
+
+    def close(self) -> None:
+        """Drop the list: nobody will wait on this group again."""
+        self._r.delete(self.key)
+
+    def _collect(self, block_s: float, absent: list[str]) -> None:
+        popped = self._r.blmpop(block_s, 1, self.key, direction="LEFT", count=max(1, len(self._missing)))
+        if popped:
+            raws = popped[1]
+        else:
+            ids = sorted(absent)
+            raws = [v for v in self._r.mget([self._backend.get_key_for_task(t) for t in ids]) if v is not None]
+        for raw in raws:
+            meta = self._backend.decode_result(raw)
+            task_id = meta.get("task_id")
+            if task_id in self._missing:
+                self._missing.discard(task_id)
+                self._got[task_id] = meta
+        if not self._missing:
+            # Every answer is in hand (any copy still on the list came by the stored one).
+            self.close()
+
+    def _raise_timeout(self, task_ids: Sequence[str], timeout: float | None) -> None:
+        absent = sum(1 for t in task_ids if t not in self._got)
+        raise CeleryTimeoutError(f"{absent} of {len(task_ids)} answers not in after {timeout} s")
+
+
 def wait(
     r: redis.Redis,
     key: str,
@@ -33,31 +99,10 @@ def wait(
     *,
     timeout: float | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The answer meta of every id in `task_ids`, popped from the list `key` and
-    decoded as Celery's result `backend` (which stores them) decodes its own.
-    Raises Celery's TimeoutError if they are not all in within `timeout` seconds; the
-    list is dropped either way, and answers that come later stay stored under their ids."""
-    pending = set(task_ids)
-    got: dict[str, dict[str, Any]] = {}
-    end = None if timeout is None else time.monotonic() + timeout
+    """Every answer of one group that a single caller waits for (run_many): the list is
+    dropped either way, and answers that come later stay stored under their ids."""
+    box = Mailbox(r, key, task_ids, backend)
     try:
-        while pending:
-            left = QUIET_S if end is None else end - time.monotonic()
-            if left <= 0:
-                raise CeleryTimeoutError(f"{len(pending)} of {len(task_ids)} answers not in after {timeout} s")
-            popped = r.blmpop(max(0.01, min(QUIET_S, left)), 1, key, direction="LEFT", count=len(pending))
-            if popped:
-                raws = popped[1]
-            else:
-                ids = sorted(pending)
-                raws = [v for v in r.mget([backend.get_key_for_task(t) for t in ids]) if v is not None]
-            for raw in raws:
-                meta = backend.decode_result(raw)
-                task_id = meta.get("task_id")
-                if task_id in pending:
-                    pending.discard(task_id)
-                    got[task_id] = meta
+        return box.wait(task_ids, timeout=timeout)
     finally:
-        # Empty already unless an answer came by the stored copy, or the wait gave up.
-        r.delete(key)
-    return got
+        box.close()

@@ -13,6 +13,7 @@ from polling import poll_until
 from gpu_workers.models import synthetic
 from tasks.core.policy import BatchPolicy
 from tasks.models import ApiToken
+from tasks.protocol.names import reply_key
 
 pytestmark = pytest.mark.django_db
 
@@ -204,6 +205,8 @@ def test_submit_many_and_read_each_result_with_its_timeline(live_system, api: Cl
     assert response.status_code == 202
     ids = response.json()["ids"]
     assert len(ids) == len(texts) and len(set(ids)) == len(ids)
+    # Read later by id: no reply list is filled for a caller who never pops it.
+    assert {reply_key(i) for i in ids} == {None}
 
     for text, request_id in zip(texts, ids, strict=True):
         body = wait_done(api, request_id)
