@@ -8,7 +8,8 @@ or changed machine plain Celery and the pipeline move by different amounts. This
 out `rev` in a temporary worktree (using this tree's .venv), then runs the harness
 pipeline (collector and two single-threaded MiniLM device workers, as `make bench`)
 from each tree in turn, `--rounds` times: 16 callers each calling `submit(text).get()`
-over the same texts. It prints texts/s and CPU ms a text (counted as `make bench` counts it) for each run.
+over the same texts. It prints texts/s and CPU ms a text (counted as `make bench` counts it,
+and by process: the client is this one) for each run.
 The two trees must share `bench.workload`, `bench.run_all.redis_server` and
 `LocalSystem`, as every tree since issue 16 does.
 """
@@ -35,7 +36,7 @@ def measure(tree: Path, n_texts: int) -> None:
 
     django.setup()
     from batching_site.harness import LocalSystem
-    from bench.cpu import ProcessCpu
+    from bench.cpu import by_process
     from bench.run_all import _publish_and_wait, redis_server
     from bench.workload import closed_loop, corpus
     from tasks.edge.client import submit
@@ -59,11 +60,13 @@ def measure(tree: Path, n_texts: int) -> None:
 
             closed_loop("warm-up", call, texts[:100], CALLERS)
             # What make bench counts: the system's processes, Redis and this client.
-            cpu = ProcessCpu(lambda: [*system.pids().values(), redis_pid])
-            before = cpu.read()
+            pids = {**system.pids(), "redis": redis_pid}
+            before = by_process(pids)
             run = closed_loop("pipeline", call, texts[100:], CALLERS)
-            cpu_ms = 1000 * (cpu.read() - before) / len(run.latencies_s)
-    print(f"{run.throughput:.1f} texts/s  {cpu_ms:.2f} CPU ms/text", flush=True)
+            after = by_process(pids)
+            each = {name: 1000 * (after[name] - before[name]) / len(run.latencies_s) for name in after}
+    parts = ", ".join(f"{name} {ms:.2f}" for name, ms in sorted(each.items()) if ms >= 0.01)
+    print(f"{run.throughput:.1f} texts/s  {sum(each.values()):.2f} CPU ms/text ({parts})", flush=True)
 
 
 def main() -> None:
