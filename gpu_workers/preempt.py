@@ -139,7 +139,11 @@ class Preemption:
             return
         armed = self._running[-1]
         now = time.monotonic()
-        if now < armed.yield_at or now < armed.next_poll or armed.budget_s < MIN_NESTED_S:
+        # What a batch started now may take: what this one may still lend, and never
+        # past this one's own bound when it runs inside another (a deeper batch lends
+        # only what the one it runs inside lent it).
+        room = armed.budget_s if not self._untils else min(armed.budget_s, self._untils[-1] - now)
+        if now < armed.yield_at or now < armed.next_poll or room < MIN_NESTED_S:
             return
         armed.next_poll = now + POLL_EVERY_S
         # Paused for the look at the queue too: the watchdog's interruption must never
@@ -154,8 +158,7 @@ class Preemption:
             message = self._take()
             if message is None:
                 return
-            until = now + min(settings.BATCH_HARD_LIMIT_S, armed.budget_s)
-            self._untils.append(min(until, self._untils[-1]) if self._untils else until)
+            self._untils.append(now + min(settings.BATCH_HARD_LIMIT_S, room))
             t0, inside = time.perf_counter(), self.nested_s
             try:
                 self._run(message)

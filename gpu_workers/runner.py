@@ -161,8 +161,12 @@ class DeviceRunner:
         # One time bound for the whole batch, bisection and isolation included (and for
         # one that preempts another, what that one's bound leaves it).
         until = time.monotonic() + settings.BATCH_HARD_LIMIT_S
-        if self.preempt.nested_until is not None:
-            until = min(until, self.preempt.nested_until)
+        # Inside another batch, this one has only the time that one lends: on a busy
+        # host, where every batch runs long and yields, that can run out before the
+        # batch does, and that is no fault of its inputs.
+        borrowed = self.preempt.nested_until is not None and self.preempt.nested_until < until
+        if borrowed:
+            until = self.preempt.nested_until
         late: list[dict[str, Any]] = []
         live: list[dict[str, Any]] = []
         for r in todo:
@@ -219,7 +223,10 @@ class DeviceRunner:
         else:
             written += self._outcomes.write(unwritten, also=also)
         if unrun:
-            self._hand_back(batch, unrun, "r", "its batch used up its time bound")
+            if borrowed:
+                self._hand_back(batch, unrun, "r", "the batch it ran inside had no more time to lend", counts=False)
+            else:
+                self._hand_back(batch, unrun, "r", "its batch used up its time bound")
         self.batches += 1
         self.requests += len(live)
         self.busy_s += self.preempt.own_clock() - t0
@@ -284,14 +291,18 @@ class DeviceRunner:
         written = self._outcomes.write([Outcome(r["id"], error=error, details={"device": self.device_id})])
         return {**reply, "written": written}
 
-    def _hand_back(self, batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str, why: str) -> None:
+    def _hand_back(
+        self, batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str, why: str, *, counts: bool = True
+    ) -> None:
         """Send requests this device could not finish back to the shared queue, as a
-        batch that counts as having come back once more."""
-        part = {
-            **resend.part(batch, requests, suffix),
-            "came_back": True,
-            "handed_back": int(batch.get("handed_back") or 0) + 1,
-        }
+        batch that counts as having come back once more (`counts`: towards the error a
+        lone input gets after POISON_REDELIVERIES); or, when the device and not the batch
+        ran out of time, as it was."""
+        if counts:
+            came_back, handed_back = True, int(batch.get("handed_back") or 0) + 1
+        else:
+            came_back, handed_back = bool(batch.get("came_back")), int(batch.get("handed_back") or 0)
+        part = {**resend.part(batch, requests, suffix), "came_back": came_back, "handed_back": handed_back}
         log.warning("handing %d request(s) of batch %s back: %s", len(requests), batch["batch_id"], why)
         resend.resend(self.app, part, part["batch_id"])
 

@@ -32,8 +32,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
-class BatchTooSlow(Exception):
-    """The batch ran past its time limit and was cut off."""
+class BatchTooSlow(BaseException):
+    """The batch ran past its time limit and was cut off.
+
+    A BaseException, as KeyboardInterrupt is, because it can land anywhere in the model's
+    code: libraries that turn any Exception into their own error would otherwise make a
+    cut-off look like the input's fault (transformers' BatchEncoding raises "Unable to
+    create tensor" for any Exception while it builds a tensor, and a lone input then got
+    that as its error)."""
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:

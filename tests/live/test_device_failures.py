@@ -5,6 +5,7 @@ on a Redis of its own (`bare_runner`)."""
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,6 +89,52 @@ def test_a_lone_request_that_keeps_coming_back_gets_its_own_error(bare_runner: D
     with pytest.raises(WorkerCrashed, match=f"2 times running this input alone \\(last on {bare_runner.device_id}"):
         outcome(batch["requests"][0]).get(timeout=5)
     assert shared_state.client().ttl(redeliveries_key("lone-twice")) > 0, "the counter expires"
+
+
+def test_a_batch_that_ran_out_of_borrowed_time_goes_back_without_counting_against_it(
+    bare_runner: DeviceRunner,
+) -> None:
+    # Inside another batch (preemption), a batch has only what that one lends. On a busy
+    # host every batch runs long and lends, and a lone innocent input handed back twice
+    # that way was answered "came back 2 times alone". Now it goes back as it came.
+    lonely = batch_of(["innocent, run inside another batch"])
+    lonely["handed_back"] = 1
+    bare_runner.preempt._untils.append(time.monotonic() - 1.0)  # nothing left to lend
+    try:
+        summary = bare_runner.execute(lonely)
+    finally:
+        bare_runner.preempt._untils.pop()
+    assert summary["handed_back"] == 1 and summary["written"] == 0
+    (back,) = queued_batches()
+    assert back["requests"] == lonely["requests"]
+    assert back["handed_back"] == 1 and not back["came_back"]
+    # On its own bound it runs and is answered.
+    assert bare_runner.execute(back)["written"] == 1
+    assert outcome(lonely["requests"][0]).get(timeout=5) == synthetic.embed(lonely["requests"][0]["input"])
+
+
+def test_no_batch_starts_inside_another_with_less_than_a_second_to_run(
+    bare_runner: DeviceRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    preempt = bare_runner.preempt
+    taken: list[float] = []
+
+    def take() -> object:
+        taken.append(time.monotonic())
+        return None  # nothing waiting: only whether it looked matters
+
+    monkeypatch.setattr(preempt, "_take", take)
+    with preempt.armed("outer", yield_after_s=0.0):
+        preempt.between_steps()
+        assert len(taken) == 1  # a long batch with time to lend looks for waiting work
+        # The same batch, now running inside another with half a second of its bound left.
+        preempt._untils.append(time.monotonic() + 0.5)
+        try:
+            preempt._running[-1].next_poll = 0.0
+            preempt.between_steps()
+        finally:
+            preempt._untils.pop()
+    assert len(taken) == 1, "a batch was started with less than MIN_NESTED_S to run"
 
 
 def test_a_batch_whose_answers_cannot_be_written_is_handed_back_not_acked(

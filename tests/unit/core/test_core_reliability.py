@@ -113,6 +113,26 @@ def test_watchdog_cuts_off_a_slow_call_and_leaks_nothing() -> None:
         w.close()
 
 
+def test_a_cut_off_is_not_mistaken_for_the_models_own_error() -> None:
+    # Libraries turn any Exception raised inside them into an error of their own
+    # (transformers: "Unable to create tensor"); a cut-off must get through them.
+    w = Watchdog()
+    try:
+        release = threading.Event()
+
+        def library_call() -> None:
+            try:
+                while not release.wait(0.001):
+                    pass
+            except Exception as exc:
+                raise ValueError("the library's own error") from exc
+
+        with pytest.raises(BatchTooSlow), w.limit(0.02):
+            library_call()
+    finally:
+        w.close()
+
+
 def test_watchdog_reports_a_call_stuck_in_native_code_and_only_that() -> None:
     hung = threading.Event()
     w = Watchdog(on_hung=hung.set)
