@@ -21,7 +21,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from tasks.core.quota import Quota, RefusalMemory
-from tasks.edge.client import enqueue
+from tasks.edge.client import submit_many
 from tasks.store import owners, shared_state
 
 #: The owner of every anonymous demo request.
@@ -106,7 +106,16 @@ def submit_inputs(
     if not may_submit(user):
         raise NotLoggedIn("log in to submit: /login/?next=/ (or send an API token)")
     owner, quota = spender(user)
-    ids = enqueue(inputs, priority=priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)  # type: ignore[arg-type]
+    results = submit_many(
+        inputs,  # type: ignore[arg-type]
+        priority=priority,  # type: ignore[arg-type]
+        model=model,
+        deadline_s=deadline_s,
+        owner=owner,
+        quota=quota,
+        reply=False,  # read later by id (GET /api/v1/requests/<id>): nobody waits here
+    )
+    ids = [r.id for r in results]
     remember(request, user, ids)
     return ids
 

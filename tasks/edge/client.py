@@ -47,7 +47,6 @@ __all__ = [
     "RequestTooLarge",
     "Reply",
     "details",
-    "enqueue",
     "gather",
     "run_many",
     "submit",
@@ -81,36 +80,26 @@ def submit_many(
     deadline_s: float | None = None,
     owner: str = "",
     quota: Quota | None = None,
+    reply: bool = True,
 ) -> list[AsyncResult]:
     """Queue several inputs; results come back in input order. All are validated first,
     so one bad input enqueues none of them.
 
     `owner` names who submits ("user:42"): only they (and staff) may read the answers
     on the web, and `quota` bounds what they may spend. A script calling this in-process
-    is trusted and passes neither."""
+    is trusted and passes neither. `reply=False` is for a caller that reads the answers
+    later by id and never waits here (the web): no reply list is filled for it."""
     inputs = _listed(inputs, "submit_many")
     if not inputs:
         return []
+    app = get_app()
+    if not reply:
+        ids = _queue(inputs, priority, model, deadline_s, owner, quota, ids=None)
+        return [app.AsyncResult(task_id, task_name=REQUEST_TASK) for task_id in ids]
     key, ids = reply_ids(len(inputs))
     _queue(inputs, priority, model, deadline_s, owner, quota, ids=ids)
-    app = get_app()
     box = replies.Mailbox(shared_state.client(), key, ids, app.backend)
     return [Reply(task_id, box, app=app) for task_id in ids]
-
-
-def enqueue(
-    inputs: Iterable[Any],
-    *,
-    priority: str = "normal",
-    model: str | None = None,
-    deadline_s: float | None = None,
-    owner: str = "",
-    quota: Quota | None = None,
-) -> list[str]:
-    """Queue several inputs for a caller that reads their answers later by id (the web:
-    GET /api/v1/requests/<id>) and never waits here: just the ids, with no reply list
-    for anyone to pop. Validates and raises as submit_many does."""
-    return _queue(_listed(inputs, "enqueue"), priority, model, deadline_s, owner, quota, ids=None)
 
 
 class Reply(AsyncResult):
@@ -124,38 +113,17 @@ class Reply(AsyncResult):
         super().__init__(id, app=app, task_name=REQUEST_TASK)
         self.mailbox = mailbox
 
-    def get(  # type: ignore[override]
-        self,
-        timeout: float | None = None,
-        propagate: bool = True,
-        interval: float = 0.5,
-        no_ack: bool = True,
-        follow_parents: bool = True,
-        callback: Any = None,
-        on_message: Any = None,
-        on_interval: Any = None,
-        disable_sync_subtasks: bool = True,
-        **kwargs: Any,
-    ) -> Any:
-        if on_message is not None or on_interval is not None:
+    def get(self, timeout: float | None = None, propagate: bool = True, **options: Any) -> Any:  # type: ignore[override]
+        """Celery's `get`, with its other options by keyword (`callback`,
+        `disable_sync_subtasks`, ...); `interval` and `no_ack` mean nothing here."""
+        if options.get("on_message") is not None or options.get("on_interval") is not None:
             # Progress callbacks need Celery's own consumer, which hears every state.
-            return super().get(
-                timeout=timeout,
-                propagate=propagate,
-                interval=interval,
-                no_ack=no_ack,
-                follow_parents=follow_parents,
-                callback=callback,
-                on_message=on_message,
-                on_interval=on_interval,
-                disable_sync_subtasks=disable_sync_subtasks,
-                **kwargs,
-            )
-        if disable_sync_subtasks:
+            return super().get(timeout=timeout, propagate=propagate, **options)
+        if options.get("disable_sync_subtasks", True):
             assert_will_not_block()  # as Celery's get: waiting inside a task deadlocks
         if self._cache is None:
             self._maybe_set_cache(self.mailbox.wait([self.id], timeout=timeout)[self.id])
-        return self.maybe_throw(propagate=propagate, callback=callback)
+        return self.maybe_throw(propagate=propagate, callback=options.get("callback"))
 
     wait = get  # type: ignore[assignment]
 
