@@ -248,17 +248,14 @@ def gather(results: Sequence[AsyncResult], *, timeout: float | None = None) -> l
             others.append(r)
     for box, members in boxes.values():
         left = None if end is None else max(0.0, end - time.monotonic())
-        metas = box.wait([r.id for r in members if r._cache is None], timeout=left)
-        for r in members:
-            if r._cache is None:
-                r._maybe_set_cache(metas[r.id])
+        box.wait([r.id for r in members], timeout=left)  # then each get() finds its own in the box
     if others:
         left = None if end is None else max(0.0, end - time.monotonic())
         # interval=0: after its one MGET, join_native would nap `interval` (0.5 s) whenever
         # an answer is still pending; the subscription does the waiting here.
         values = ResultSet(others, app=get_app()).join_native(timeout=left, propagate=False, interval=0)
         answered = dict(zip((r.id for r in others), values, strict=True))
-    return [answered[r.id] if not isinstance(r, Reply) else r.maybe_throw(propagate=False) for r in results]
+    return [r.get(propagate=False) if isinstance(r, Reply) else answered[r.id] for r in results]
 
 
 #: How long past its deadline a request still counts as in flight: the device's run and

@@ -40,7 +40,7 @@ class Mailbox:
         self._r = r
         self.key = key
         self._backend = backend
-        self._missing = set(task_ids)
+        self._ids = frozenset(task_ids)
         self._got: dict[str, dict[str, Any]] = {}
         # One popper at a time; the others find their answers in _got when it lets go.
         self._lock = threading.Lock()
@@ -70,7 +70,7 @@ class Mailbox:
         self._r.delete(self.key)
 
     def _collect(self, block_s: float, absent: list[str]) -> None:
-        popped = self._r.blmpop(block_s, 1, self.key, direction="LEFT", count=max(1, len(self._missing)))
+        popped = self._r.blmpop(block_s, 1, self.key, direction="LEFT", count=max(1, len(self._ids) - len(self._got)))
         if popped:
             raws = popped[1]
         else:
@@ -79,10 +79,9 @@ class Mailbox:
         for raw in raws:
             meta = self._backend.decode_result(raw)
             task_id = meta.get("task_id")
-            if task_id in self._missing:
-                self._missing.discard(task_id)
+            if task_id in self._ids and task_id not in self._got:
                 self._got[task_id] = meta
-        if not self._missing:
+        if len(self._got) == len(self._ids):
             # Every answer is in hand (any copy still on the list came by the stored one).
             self.close()
 
@@ -100,9 +99,11 @@ def wait(
     timeout: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every answer of one group that a single caller waits for (run_many): the list is
-    dropped either way, and answers that come later stay stored under their ids."""
+    dropped either way (the mailbox drops it once all are in), and answers that come
+    later stay stored under their ids."""
     box = Mailbox(r, key, task_ids, backend)
     try:
         return box.wait(task_ids, timeout=timeout)
-    finally:
+    except BaseException:
         box.close()
+        raise
