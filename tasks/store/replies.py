@@ -33,8 +33,10 @@ QUIET_S = 1.0
 class Mailbox:
     """One reply group's answers, for however many callers wait on its members, from
     however many threads: whoever waits pops what has arrived and keeps it here for the
-    others. The list is dropped once every member's answer is in hand (`close` drops it
-    sooner); a member nobody waits for leaves it to expire with the answers."""
+    others. Once every member's answer is in hand the list is gone: Redis drops a list
+    when its last element is popped, and each answer is pushed once (set_once.lua), so
+    only answers read from the store leave copies, and only then is it dropped (`close`
+    drops it sooner). A member nobody waits for leaves it to expire with the answers."""
 
     def __init__(self, r: redis.Redis, key: str, task_ids: Sequence[str], backend: Any) -> None:
         self._r = r
@@ -42,6 +44,8 @@ class Mailbox:
         self._backend = backend
         self._ids = frozenset(task_ids)
         self._got: dict[str, dict[str, Any]] = {}
+        # How many of the members' own copies were popped: all of them leaves no list.
+        self._popped = 0
         # One popper at a time; the others find their answers in _got when it lets go.
         self._lock = threading.Lock()
 
@@ -71,6 +75,7 @@ class Mailbox:
 
     def _collect(self, block_s: float, absent: list[str]) -> None:
         popped = self._r.blmpop(block_s, 1, self.key, direction="LEFT", count=max(1, len(self._ids) - len(self._got)))
+        from_list = bool(popped)
         if popped:
             raws = popped[1]
         else:
@@ -79,10 +84,13 @@ class Mailbox:
         for raw in raws:
             meta = self._backend.decode_result(raw)
             task_id = meta.get("task_id")
-            if task_id in self._ids and task_id not in self._got:
-                self._got[task_id] = meta
-        if len(self._got) == len(self._ids):
-            # Every answer is in hand (any copy still on the list came by the stored one).
+            if task_id not in self._ids:
+                continue
+            self._popped += from_list
+            self._got.setdefault(task_id, meta)
+        if len(self._got) == len(self._ids) and self._popped < len(self._ids):
+            # Every answer is in hand, some read from the store: their copies may still
+            # be on the list. (With every copy popped, Redis has dropped it already.)
             self.close()
 
     def _raise_timeout(self, task_ids: Sequence[str], timeout: float | None) -> None:
