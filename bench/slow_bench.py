@@ -22,6 +22,7 @@ contention.
     .venv/bin/python bench/slow_bench.py                     # about 6 minutes
     .venv/bin/python bench/slow_bench.py --seconds 10 --devices 2
     .venv/bin/python bench/slow_bench.py --devices 1 --rounds 5 --contention-requests 0
+    .venv/bin/python bench/slow_bench.py --devices 1 --rounds 0      # the contention run alone
 """
 
 from __future__ import annotations
@@ -62,12 +63,15 @@ from tasks.store.connection import connect  # noqa: E402
 SYNTHETIC_ENV = {"SYNTHETIC_OVERHEAD_S": "0.004", "SYNTHETIC_PER_TOKEN_S": "0.0003"}
 
 
-def arrivals(rate: float, seconds: float, slow_share: float, seed: int) -> list[tuple[float, str, bool]]:
+def arrivals(
+    rate: float, seconds: float, slow_share: float, seed: int, count: int | None = None
+) -> list[tuple[float, str, bool]]:
+    """Poisson arrivals for `seconds`, or exactly `count` of them."""
     rng = random.Random(seed)
     offenders = [f"pathological input {k} !slow " + "z " * rng.randint(8, 20) for k in range(4)]
     t, out = 0.0, []
     i = 0
-    while t < seconds:
+    while (t < seconds) if count is None else (i < count):
         t += rng.expovariate(rate)
         slow = rng.random() < slow_share
         text = rng.choice(offenders) if slow else f"steady request {i} " + "w " * rng.choice([3] * 7 + [20] * 3)
@@ -169,15 +173,15 @@ def main() -> None:
     for n in [args.devices] if args.devices else [1, 2]:
         for k in range(args.rounds):
             plan += [
-                ("baseline", n, k, 0.0, False, args.seconds),
-                ("slow 1%", n, k, args.slow_share, False, args.seconds),
+                ("baseline", n, k, 0.0, False, None),
+                ("slow 1%", n, k, args.slow_share, False, None),
             ]
     if args.contention_requests:
-        plan.append(("contention", max(plan[-1][1], 1), 0, 0.0, True, args.contention_requests / args.rate))
+        plan.append(("contention", args.devices or 2, 0, 0.0, True, args.contention_requests))
 
     rows = []
-    for label, devices, round_, slow_share, burn, seconds in tqdm(plan, desc="rows", unit="row"):
-        stream = arrivals(args.rate, seconds, slow_share, args.seed + round_)
+    for label, devices, round_, slow_share, burn, count in tqdm(plan, desc="rows", unit="row"):
+        stream = arrivals(args.rate, args.seconds, slow_share, args.seed + round_, count)
         burners = []
         env = {**SYNTHETIC_ENV, "SLOW_FACTOR": str(args.factor), "SLOW_FLOOR_S": str(args.floor)}
         system = LocalSystem(
@@ -236,7 +240,7 @@ def main() -> None:
             ratios.setdefault(r["devices"], []).append(ratio)
         print(
             f"| {r['run']} | {r['devices']} | {r['round']} | {r['normal']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
-            f"| {ratio:.2f}x | {r['slow_isolated']}/{r['slow']} | {r['false_positives']} "
+            f"| {f'{ratio:.2f}x' if b else '–'} | {r['slow_isolated']}/{r['slow']} | {r['false_positives']} "
             f"| {t['with_slow']}/{t['count']} | {t['wait_ms']:.0f} / {t['run_ms']:.0f} / {t['rest_ms']:.0f} |"
         )
     for devices, rs in ratios.items():
