@@ -101,10 +101,10 @@ class HFTokens:
         need = self.special()
         if max_tokens < need:
             raise ValueError(f"max_tokens must be >= {need} (room for the special tokens), got {max_tokens}")
-        count = self.count(text)
-        if count <= max_tokens:
-            return text, count
-        return _cut(text, self.encode(text), 0, max_tokens - need, self.count)
+        enc = self.encode(text)  # once: a long text costs about a millisecond to encode
+        if len(enc.ids) <= max_tokens:
+            return text, len(enc.ids)
+        return _cut(text, enc, 0, max_tokens - need, self.count)
 
     def truncate_pair(self, first: str, second: str, max_tokens: int) -> tuple[tuple[str, str], int]:
         """Cut ``second`` (a reranker's passage) until the pair fits; only if the first
@@ -112,10 +112,9 @@ class HFTokens:
         need = self.special(pair=True)
         if max_tokens < need:
             raise ValueError(f"max_tokens must be >= {need} (room for the special tokens), got {max_tokens}")
-        count = self.count_pair(first, second)
-        if count <= max_tokens:
-            return (first, second), count
         enc = self.encode(first, second)
+        if len(enc.ids) <= max_tokens:
+            return (first, second), len(enc.ids)
         room = max_tokens - need - sum(1 for s in enc.sequence_ids if s == 0)
         if room >= 0:
             cut, n = _cut(second, enc, 1, room, lambda s: self.count_pair(first, s))
