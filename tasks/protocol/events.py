@@ -13,9 +13,10 @@ same Redis round trip that does the work, never in one of its own:
   that writes their outcomes, carrying what task-received and task-started would have:
   its name and arguments, `received` (when its batch was dispatched) and `started`.
   Celery's event state (which Flower's extends) copies an event's fields onto the task,
-  so Flower shows the same times and runtime; sent at the end anyway, separate
-  received and started events said nothing more, and Flower spent a cross-thread
-  wake-up on each (about 0.2 CPU ms an event on this project's 2-core machine).
+  so Flower shows the same times and runtime. Sent at the end anyway, separate
+  received and started events said nothing more, and Flower spends a cross-thread
+  wake-up on every event (dropping them: 0.87–0.95 to 0.77–0.79 Flower CPU ms a
+  request at 16 callers, docs/observability.md).
 
 Batch tasks are ordinary Celery tasks: the device worker's Celery sends their other
 events. Requests that expire in the collector, before any device sees them, get no

@@ -102,8 +102,9 @@ class HFTokens:
         if max_tokens < need:
             raise ValueError(f"max_tokens must be >= {need} (room for the special tokens), got {max_tokens}")
         enc = self.encode(text)  # once: a long text costs about a millisecond to encode
-        if len(enc.ids) <= max_tokens:
-            return text, len(enc.ids)
+        count = len(enc.ids)
+        if count <= max_tokens:
+            return text, count
         return _cut(text, enc, 0, max_tokens - need, self.count)
 
     def truncate_pair(self, first: str, second: str, max_tokens: int) -> tuple[tuple[str, str], int]:
@@ -113,8 +114,9 @@ class HFTokens:
         if max_tokens < need:
             raise ValueError(f"max_tokens must be >= {need} (room for the special tokens), got {max_tokens}")
         enc = self.encode(first, second)
-        if len(enc.ids) <= max_tokens:
-            return (first, second), len(enc.ids)
+        count = len(enc.ids)
+        if count <= max_tokens:
+            return (first, second), count
         room = max_tokens - need - sum(1 for s in enc.sequence_ids if s == 0)
         if room >= 0:
             cut, n = _cut(second, enc, 1, room, lambda s: self.count_pair(first, s))
