@@ -78,7 +78,8 @@ class Bisector:
                 factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S, hard_limit_s=settings.BATCH_HARD_LIMIT_S
             )
         padded = len(reqs) * max(r["tokens"] for r in reqs)
-        limit = costs.limit_s(padded) if settings.SLOW_ISOLATION and not slow_lane else costs.hard_limit_s
+        learned = settings.SLOW_ISOLATION and not slow_lane
+        limit = costs.limit_s(padded) if learned else costs.hard_limit_s
         hard = costs.hard_limit_s
         if until is not None:
             left = until - time.monotonic()
@@ -87,16 +88,17 @@ class Bisector:
             limit, hard = min(limit, left), min(hard, left)
         t0 = self.clock()
         try:
-            # Past its limit the call is interrupted between bytecodes; still running past
+            # Past its limit the call is interrupted between bytecodes, or sooner, under a
+            # learned limit, once its progress shows it far past it; still running past
             # the hard limit plus a grace, it is stuck in native code (watchdog.on_hung).
-            with self.watchdog.limit(limit, hung_after=hard + settings.HANG_GRACE_S):
+            with self.watchdog.limit(limit, hung_after=hard + settings.HANG_GRACE_S, project=learned):
                 out = runner.run_batch([r["input"] for r in reqs])
             if len(out) != len(reqs):
                 raise BatchOutputMismatch(len(reqs), len(out))
         except BatchOutputMismatch as exc:
             return [exc] * len(reqs)
         except BatchTooSlow:
-            log.warning("batch of %d (%d padded tokens) passed its %.3fs limit", len(reqs), padded, limit)
+            log.warning("batch of %d (%d padded tokens) cut off: past its %.3fs limit, or on course far past it", len(reqs), padded, limit)
             if until is not None and time.monotonic() >= until:
                 return [UNRUN] * len(reqs)
             if slow_lane or len(reqs) == 1:

@@ -98,6 +98,7 @@ class DeviceRunner:
             spec = get_spec(name)
             runner = self._models[name] = spec.load(self.device)
             runner.between_steps = self.preempt.between_steps
+            runner.on_progress = self.watchdog.progress
             log.info("loaded model %s on %s in %.1fs", name, self.device, time.perf_counter() - t0)
             if getattr(spec, "probe", False) and hasattr(runner, "probe_budget"):
                 log.info(

@@ -111,9 +111,18 @@ class BatchRunner(abc.ABC):
     #: a model calls it between its layers, where another batch may run first. A model
     #: that never calls it is simply never preempted.
     between_steps: Callable[[], object] | None = None
+    #: Set by the device runner: hears what share of the batch running now is done, so
+    #: one on course to run far past its time limit is cut off early
+    #: (gpu_workers/watchdog.py). A model that never reports it is cut off at its limit.
+    on_progress: Callable[[float], object] | None = None
 
-    def step(self) -> None:
-        """Between two layers: let preempting work run, if the runner wants it."""
+    def step(self, done: float | None = None) -> None:
+        """Between two layers: `done` is the share of the batch's work behind it (before
+        layer k of n, k/n) when the model can tell. Then let preempting work run, if the
+        runner wants it."""
+        report = self.on_progress
+        if done is not None and report is not None:
+            report(done)
         hook = self.between_steps
         if hook is not None:
             hook()

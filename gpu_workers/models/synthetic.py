@@ -198,16 +198,17 @@ class SyntheticRunner(BatchRunner):
                 ctypes.CDLL(None).sleep(3600)
             if FAIL_MARKER in text:
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
-        seconds = self.batch_seconds(texts)
+        total = seconds = self.batch_seconds(texts)
         with self._lock:
             # In slices, like a model running layer by layer: a watchdog that interrupts
-            # a batch gets control back within one slice, as it would between layers.
+            # a batch gets control back within one slice, as it would between layers, and
+            # hears how far it has got.
             while seconds > 0:
                 step = min(seconds, SLICE_S)
                 self._sleep(step)
                 seconds -= step
                 if seconds > 0:
-                    self.step()
+                    self.step(done=1 - seconds / total)
         return [embed(t) for t in texts]
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ the largest padded-token budget that fits the device.
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -73,18 +74,23 @@ class TorchRunner(BatchRunner):
             model.to(self.dtype)
         model.eval()
         # Between layers: every module of a ModuleList (a transformer's blocks) first
-        # lets preempting work run (BatchRunner.step), when the device runner asks.
-        for stack in (m for m in model.modules() if isinstance(m, torch.nn.ModuleList)):
-            for layer in stack:
-                layer.register_forward_pre_hook(self._between_layers)
+        # lets preempting work run (BatchRunner.step), when the device runner asks. The
+        # longest list is taken as the model's stack of layers: before its layer k of n,
+        # k/n of the batch is done (what the watchdog projects a batch's end from).
+        stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        longest_stack = max(stacks, key=len, default=None)
+        for stack in stacks:
+            for k, layer in enumerate(stack):
+                done = k / len(stack) if stack is longest_stack else None
+                layer.register_forward_pre_hook(functools.partial(self._between_layers, done=done))
         self._model: Any = model
         if warm_up is not None:
             # The first forward pass pays for lazy allocations and kernel selection;
             # pay it now rather than in the first caller's latency.
             self.run_batch([warm_up])
 
-    def _between_layers(self, module: Any, args: Any) -> None:
-        self.step()
+    def _between_layers(self, module: Any, args: Any, *, done: float | None) -> None:
+        self.step(done)
 
     @abc.abstractmethod
     def load_model(self) -> Any:

@@ -176,3 +176,29 @@ def test_watchdog_pause_lets_preempting_work_run_under_its_own_limit() -> None:
                         release.wait(0.01)
     finally:
         w.close()
+
+
+def test_watchdog_cuts_off_a_call_on_course_to_run_far_past_its_limit() -> None:
+    clock = FakeClock()
+    w = Watchdog(clock=clock)
+    try:
+        with w.limit(1.0):
+            clock.advance(0.5)
+            w.progress(0.01)  # without project=True the limit alone decides
+        with pytest.raises(BatchTooSlow), w.limit(1.0, project=True):
+            clock.advance(0.3)
+            w.progress(0.5)  # on course for 0.6 s: in time
+            clock.advance(0.1)
+            w.progress(0.3)  # 1.33 s: late, but within the margin of its limit
+            w.progress(0.16)  # 2.5 s: past twice its limit, cut off now
+            raise AssertionError("not cut off")
+        # Time paused for preempting work is not the call's own: after 5 s away it has
+        # spent 0.1 s, and a tenth done is on course for 1 s.
+        with w.limit(1.0, project=True):
+            clock.advance(0.05)
+            with w.paused():
+                clock.advance(5.0)
+            clock.advance(0.05)
+            w.progress(0.1)
+    finally:
+        w.close()

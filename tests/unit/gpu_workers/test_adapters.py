@@ -433,3 +433,15 @@ def test_a_closed_runner_refuses_batches(specs: dict[str, Any]) -> None:
     runner.close()
     with pytest.raises(RuntimeError, match="is closed"):
         runner.run_batch(["a text"])
+
+
+def test_a_torch_model_reports_its_progress_through_its_stack_of_layers(tiny: TinyModels) -> None:
+    runner = SentenceTransformerSpec(str(tiny.sentence_transformer)).load("cpu:0")
+    try:
+        shares: list[float] = []
+        runner.on_progress = shares.append
+        runner.run_batch(["a text", "another one"])
+        # Two layers: before the first nothing is done, before the second half.
+        assert shares == [0.0, 0.5]
+    finally:
+        runner.close()

@@ -447,3 +447,11 @@ def test_synthetic_really_sleeps_without_gil() -> None:
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda r: r.run_batch(["x"]), runners))
     assert time.perf_counter() - start < 0.19
+
+
+def test_synthetic_reports_its_progress_between_slices(fake_sleep: FakeSleep) -> None:
+    runner = _runner(fake_sleep, overhead_s=0.0)
+    shares: list[float] = []
+    runner.on_progress = shares.append
+    runner.run_batch(["a b c !slow"])  # 6 tokens x 20 x 0.2 ms = 24 ms: five slices
+    assert shares == pytest.approx([5 / 24, 10 / 24, 15 / 24, 20 / 24])
