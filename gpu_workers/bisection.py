@@ -98,7 +98,12 @@ class Bisector:
         except BatchOutputMismatch as exc:
             return [exc] * len(reqs)
         except BatchTooSlow:
-            log.warning("batch of %d (%d padded tokens) cut off: past its %.3fs limit, or on course far past it", len(reqs), padded, limit)
+            log.warning(
+                "batch of %d (%d padded tokens) cut off: past its %.3fs limit, or on course far past it",
+                len(reqs),
+                padded,
+                limit,
+            )
             if until is not None and time.monotonic() >= until:
                 return [UNRUN] * len(reqs)
             if slow_lane or len(reqs) == 1:
