@@ -2,20 +2,23 @@
 
 At 16 callers the devices run their model only part of the wall time (`make bench`
 prints it: "devices busy 84%"). This reads why from each request's own record of its
-path (its `details`: dispatched_at, started_at, run_ms, device) and its answer's time
-(date_done, stamped as the outcome write is built), batch by batch, device by device:
+path (its `details`: dispatched_at, started_at, run_ms, device), batch by batch,
+device by device:
 
-    run end -> answers          the device's work after the model: outcomes, events
-    answers -> next dispatched  the callers of the finished batch get their answers and
-                                send their next texts, the collector takes them and
-                                sends the next batch (negative: it was already queued)
-    next dispatched -> started  the next batch on the broker until the device starts it:
-                                its bookkeeping after the last batch (ack, events, the
-                                taken set) and its wake-up
+    run end -> next dispatched   the callers of the finished batch get their answers
+                                 and send their next texts, and the collector takes
+                                 them and sends the next batch (negative: it was
+                                 already queued when the run ended)
+    -> started                   from that, or from the run's end if the batch was
+                                 queued already, until the device starts it: its
+                                 bookkeeping after the last batch (answers, ack,
+                                 events) and its wake-up
+    gap                          the run's end to the next start, on the device's clock
 
-The gap is the sum of the first leg and of the larger of the second's end and the
-third's start. Times come from different processes on one host, each correct to well
-under a millisecond here; medians and means over every pair of consecutive batches.
+Every time here is on Redis's clock (tasks/store/clock.py) as each process measures
+it, so the two legs that cross processes carry up to half a round trip of error
+each, which on a loaded 2-core host is a millisecond or two; the gap does not.
+Medians and means over every pair of consecutive batches on one device.
 
     .venv/bin/python bench/device_gaps.py                    # the harness, 16 callers
     .venv/bin/python bench/device_gaps.py --callers 64 --make-run
@@ -29,7 +32,6 @@ import os
 import statistics
 import sys
 import threading
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,7 @@ from tasks.edge.client import submit  # noqa: E402
 from tasks.store import shared_state  # noqa: E402
 from tasks.store.connection import connect  # noqa: E402
 
-LEGS = ("run end -> answers", "answers -> next dispatched", "next dispatched -> started", "gap")
+LEGS = ("run end -> next dispatched", "-> started", "gap")
 
 
 def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
@@ -77,28 +79,26 @@ def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
         ids.clear()
         with tqdm(total=n_texts, desc=f"{callers} callers", unit="text", leave=False) as bar:
             loop = closed_loop("measured", call, texts[100:], callers, on_done=bar.update)
-        batches: dict[str, tuple[str, float, float, float, float, int]] = {}
+        batches: dict[str, tuple[str, float, float, float, int]] = {}
         for task_id in ids:
             meta = app.backend.get_task_meta(task_id)
             b = meta["batching"]
-            answered = datetime.fromisoformat(meta["date_done"]).timestamp()
-            row = (b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, answered, b["batch_size"])
+            row = (b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, b["batch_size"])
             batches.setdefault(b["batch_id"], row)
     return {"loop": loop, "batches": batches}
 
 
-def legs(batches: dict[str, tuple[str, float, float, float, float, int]]) -> dict[str, list[float]]:
-    by_device: dict[str, list[tuple[float, float, float, float]]] = {}
-    for device, started, dispatched, run_s, answered, _ in batches.values():
-        by_device.setdefault(device, []).append((started, dispatched, run_s, answered))
+def legs(batches: dict[str, tuple[str, float, float, float, int]]) -> dict[str, list[float]]:
+    by_device: dict[str, list[tuple[float, float, float]]] = {}
+    for device, started, dispatched, run_s, _ in batches.values():
+        by_device.setdefault(device, []).append((started, dispatched, run_s))
     out: dict[str, list[float]] = {leg: [] for leg in LEGS}
     for rows in by_device.values():
         rows.sort()
-        for (started, _, run_s, answered), (next_started, next_dispatched, _, _) in itertools.pairwise(rows):
+        for (started, _, run_s), (next_started, next_dispatched, _) in itertools.pairwise(rows):
             ran_until = started + run_s
-            out["run end -> answers"].append(answered - ran_until)
-            out["answers -> next dispatched"].append(next_dispatched - answered)
-            out["next dispatched -> started"].append(next_started - max(next_dispatched, answered))
+            out["run end -> next dispatched"].append(next_dispatched - ran_until)
+            out["-> started"].append(next_started - max(next_dispatched, ran_until))
             out["gap"].append(next_started - ran_until)
     return out
 
@@ -113,7 +113,7 @@ def main() -> None:
     loop, batches = result["loop"], result["batches"]
     busy = sum(row[3] for row in batches.values())
     devices = len({row[0] for row in batches.values()})
-    sizes = [row[5] for row in batches.values()]
+    sizes = [row[4] for row in batches.values()]
     rate = loop.requests / loop.wall_s
     print(
         f"\n{'make run' if args.make_run else 'harness'}, {args.callers} callers, {loop.requests} texts: "
