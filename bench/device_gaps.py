@@ -48,7 +48,6 @@ from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
-from bench.run_all import _publish_and_wait  # noqa: E402
 from bench.workload import closed_loop, corpus  # noqa: E402
 from tasks.edge.client import submit  # noqa: E402
 from tasks.store import shared_state  # noqa: E402
@@ -58,6 +57,10 @@ LEGS = ("run end -> next dispatched", "-> started", "gap")
 
 
 def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
+    # Here, not at the top: run_all imports the baselines, which need the bench's
+    # extra packages, and `legs` is tested without them.
+    from bench.run_all import _publish_and_wait
+
     texts = corpus(n_texts + 100)
     env = {"LOG_LEVEL": "INFO" if make_run else "WARNING", "TORCH_THREADS": "1"}
     system = LocalSystem(devices=["cpu:0", "cpu:1"], preload="minilm", env=env, web=make_run, flower=make_run)
