@@ -31,6 +31,7 @@ import itertools
 import os
 import statistics
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,15 @@ LEGS = ("run end -> next dispatched", "-> started", "gap")
 def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
     # Here, not at the top: run_all imports the baselines, which need the bench's
     # extra packages, and `legs` is tested without them.
-    from bench.run_all import _publish_and_wait
+    from bench.run_all import _publish_and_wait, make_run_system
 
     texts = corpus(n_texts + 100)
-    env = {"LOG_LEVEL": "INFO" if make_run else "WARNING", "TORCH_THREADS": "1"}
-    system = LocalSystem(devices=["cpu:0", "cpu:1"], preload="minilm", env=env, web=make_run, flower=make_run)
+    if make_run:
+        system = make_run_system(None, Path(tempfile.mkdtemp(prefix="device-gaps-")))
+    else:
+        # The harness rows of `make bench`: WARNING logging, one torch thread a device.
+        env = {"LOG_LEVEL": "WARNING", "TORCH_THREADS": "1"}
+        system = LocalSystem(devices=["cpu:0", "cpu:1"], preload="minilm", env=env)
     ids: list[str] = []
     lock = threading.Lock()
 
@@ -110,7 +115,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--callers", type=int, default=16)
     ap.add_argument("--texts", type=int, default=1000, help="texts measured (after 100 to warm up)")
-    ap.add_argument("--make-run", action="store_true", help="make run's process set: web, Flower, INFO logging")
+    ap.add_argument(
+        "--make-run", action="store_true", help="make run's process set (bench/run_all.py::make_run_system)"
+    )
     args = ap.parse_args()
     result = run(args.callers, args.texts, args.make_run)
     loop, batches = result["loop"], result["batches"]

@@ -304,9 +304,9 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
     return stats
 
 
-def make_run_system(redis_url: str, log_dir: Path, **env: str) -> Any:
-    """The process set `make run` starts (SYSTEM_MAKE_RUN) on `redis_url`, with `env`
-    over what `make run` leaves to the defaults."""
+def make_run_system(redis_url: str | None, log_dir: Path, **env: str) -> Any:
+    """The process set `make run` starts (SYSTEM_MAKE_RUN) on `redis_url` (None: a Redis
+    of its own), with `env` over what `make run` leaves to the defaults."""
     from batching_site.harness import LocalSystem
 
     return LocalSystem(
