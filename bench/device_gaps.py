@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -55,6 +55,16 @@ from tasks.store import shared_state  # noqa: E402
 from tasks.store.connection import connect  # noqa: E402
 
 LEGS = ("run end -> next dispatched", "-> started", "gap")
+
+
+class Ran(NamedTuple):
+    """One batch, as its requests' records tell it (times in seconds, Redis's clock)."""
+
+    device: str
+    started: float
+    dispatched: float
+    run_s: float
+    size: int
 
 
 def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
@@ -87,27 +97,27 @@ def run(callers: int, n_texts: int, make_run: bool) -> dict[str, Any]:
         ids.clear()
         with tqdm(total=n_texts, desc=f"{callers} callers", unit="text", leave=False) as bar:
             loop = closed_loop("measured", call, texts[100:], callers, on_done=bar.update)
-        batches: dict[str, tuple[str, float, float, float, int]] = {}
+        batches: dict[str, Ran] = {}
         for task_id in ids:
             meta = app.backend.get_task_meta(task_id)
             b = meta["batching"]
-            row = (b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, b["batch_size"])
-            batches.setdefault(b["batch_id"], row)
+            ran = Ran(b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, b["batch_size"])
+            batches.setdefault(b["batch_id"], ran)
     return {"loop": loop, "batches": batches}
 
 
-def legs(batches: dict[str, tuple[str, float, float, float, int]]) -> dict[str, list[float]]:
-    by_device: dict[str, list[tuple[float, float, float]]] = {}
-    for device, started, dispatched, run_s, _ in batches.values():
-        by_device.setdefault(device, []).append((started, dispatched, run_s))
+def legs(batches: dict[str, Ran]) -> dict[str, list[float]]:
+    by_device: dict[str, list[Ran]] = {}
+    for ran in batches.values():
+        by_device.setdefault(ran.device, []).append(ran)
     out: dict[str, list[float]] = {leg: [] for leg in LEGS}
     for rows in by_device.values():
-        rows.sort()
-        for (started, _, run_s), (next_started, next_dispatched, _) in itertools.pairwise(rows):
-            ran_until = started + run_s
-            out["run end -> next dispatched"].append(next_dispatched - ran_until)
-            out["-> started"].append(next_started - max(next_dispatched, ran_until))
-            out["gap"].append(next_started - ran_until)
+        rows.sort(key=lambda ran: ran.started)
+        for this, following in itertools.pairwise(rows):
+            ran_until = this.started + this.run_s
+            out["run end -> next dispatched"].append(following.dispatched - ran_until)
+            out["-> started"].append(following.started - max(following.dispatched, ran_until))
+            out["gap"].append(following.started - ran_until)
     return out
 
 
@@ -121,9 +131,9 @@ def main() -> None:
     args = ap.parse_args()
     result = run(args.callers, args.texts, args.make_run)
     loop, batches = result["loop"], result["batches"]
-    busy = sum(row[3] for row in batches.values())
-    devices = len({row[0] for row in batches.values()})
-    sizes = [row[4] for row in batches.values()]
+    busy = sum(ran.run_s for ran in batches.values())
+    devices = len({ran.device for ran in batches.values()})
+    sizes = [ran.size for ran in batches.values()]
     rate = loop.requests / loop.wall_s
     print(
         f"\n{'make run' if args.make_run else 'harness'}, {args.callers} callers, {loop.requests} texts: "
