@@ -3,6 +3,7 @@
     .venv/bin/python bench/overhead.py                 # pipeline vs plain Celery, no-op work
     .venv/bin/python bench/overhead.py --profile DIR   # and py-spy flame graphs of every process
     .venv/bin/python bench/overhead.py --cores 32      # project the no-op ceiling to 32 cores
+    .venv/bin/python bench/overhead.py --make-run      # on make run's process set, Flower included
 
 The two overhead rows of `make bench` (idle round trip and no-op throughput), without
 loading MiniLM: our pipeline with the zero-cost `synthetic` model on two device
@@ -13,6 +14,12 @@ It also reads each process's CPU per no-op request, and projects the no-op ceili
 machine of `--cores` cores (16 by default): the collector (and its standby) and Redis stay
 one process each (one core at most), while callers, device workers and pool processes
 scale out with the cores (bench/cpu.py::projected_ceiling).
+
+`--make-run` measures the pipeline on the process set `make run` starts (web, Flower,
+INFO logging: bench/run_all.py::make_run_system) instead of the harness's, so the CPU
+table shows what Flower spends on each request; Flower, one process, is projected as
+one core at most too. `TASK_SENT_EVENTS=0` in front of the command measures without the
+task-sent events (for the client's requests and the collector's batches).
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ django.setup()
 
 from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
-from bench.run_all import NOOP_THREADS, all_answered, joined, redis_server, run_noop_chunk  # noqa: E402
+from bench.run_all import (  # noqa: E402
+    NOOP_THREADS,
+    all_answered,
+    joined,
+    make_run_system,
+    redis_server,
+    run_noop_chunk,
+)
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
 from tasks.store.connection import client, connect  # noqa: E402
 
@@ -72,7 +86,7 @@ def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess
 def _cpu_report(name: str, before: dict[str, float], after: dict[str, float], n: int, cores: int) -> dict[str, Any]:
     """CPU ms per no-op request by process, and the ceiling projected to `cores` cores."""
     ms = {k: round((after[k] - before[k]) * 1000 / n, 3) for k in before}
-    rate, bound = projected_ceiling(ms, cores, ["redis", *COLLECTORS])
+    rate, bound = projected_ceiling(ms, cores, ["redis", "flower", *COLLECTORS])
     shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]))
     print(f"{name:<14} CPU ms per no-op request: {shown}; {sum(ms.values()):.3f} in all")
     print(f"{name:<14} projected no-op ceiling at {cores} cores: {rate:,.0f}/s, bound by {bound}")
@@ -114,6 +128,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["pipeline", "plain"], help="measure one system only")
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs of the no-op run here")
     parser.add_argument("--cores", type=int, default=16, help="project the no-op ceiling to this many cores")
+    parser.add_argument(
+        "--make-run", action="store_true", help="the pipeline on make run's process set (web, Flower, INFO logging)"
+    )
     args = parser.parse_args()
     texts = corpus(max(args.idle, args.noop))
     log_dir = REPO / "bench/out/overhead-logs"
@@ -124,13 +141,17 @@ def main() -> None:
             from batching_site.harness import LocalSystem
             from tasks.edge.client import submit
 
-            system = LocalSystem(
-                devices=["cpu:0", "cpu:1"],
-                preload="synthetic",
-                env={"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"},
-                redis_url=f"{base}/0",
-                log_dir=str(log_dir),
-            )
+            zero_cost = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
+            if args.make_run:
+                system = make_run_system(f"{base}/0", log_dir, preload="synthetic", **zero_cost)
+            else:
+                system = LocalSystem(
+                    devices=["cpu:0", "cpu:1"],
+                    preload="synthetic",
+                    env=zero_cost,
+                    redis_url=f"{base}/0",
+                    log_dir=str(log_dir),
+                )
             with system:
                 connect(f"{base}/0")
                 short = [t[:60] for t in texts]
@@ -155,9 +176,10 @@ def main() -> None:
                 after = by_process(procs)
                 for s in spies:
                     s.wait()
-                rows["pipeline"] = _report("pipeline", idle, noop)
-                cpu["pipeline"] = _cpu_report("pipeline", before, after, args.noop, args.cores)
-                _commands_report("pipeline", base, args.noop)
+                shown = "make run" if args.make_run else "pipeline"
+                rows["pipeline"] = _report(shown, idle, noop)
+                cpu["pipeline"] = _cpu_report(shown, before, after, args.noop, args.cores)
+                _commands_report(shown, base, args.noop)
         if args.only != "pipeline":
             from bench.baselines import plain_celery
             from bench.baselines.common import Worker

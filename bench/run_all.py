@@ -304,14 +304,15 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
     return stats
 
 
-def make_run_system(redis_url: str | None, log_dir: Path, **env: str) -> Any:
+def make_run_system(redis_url: str | None, log_dir: Path, *, preload: str = "minilm", **env: str) -> Any:
     """The process set `make run` starts (SYSTEM_MAKE_RUN) on `redis_url` (None: a Redis
-    of its own), with `env` over what `make run` leaves to the defaults."""
+    of its own), with `env` over what `make run` leaves to the defaults; `preload` names
+    the models its device workers load (bench/overhead.py's no-op run: `synthetic`)."""
     from batching_site.harness import LocalSystem
 
     return LocalSystem(
         devices=["cpu:0", "cpu:1"],
-        preload="minilm",
+        preload=preload,
         # INFO logging, torch threads split between the devices (the TORCH_THREADS this
         # process's parent may have set for the harness rows does not apply).
         env={"LOG_LEVEL": "INFO", "TORCH_THREADS": "0", **env},
