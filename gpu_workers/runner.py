@@ -368,19 +368,21 @@ class DeviceRunner:
             "lane": batch.get("lane", "normal"),
         }
         done_message = wire.event_message(done, EVENTS_QUEUE)
+        request_events = settings.BATCHING_REQUEST_EVENTS
 
         def also(pipe: Any) -> None:
             # In the same round trip as the last answers: Flower's events for them, and
             # the collector hears that this device is free, so the next batch is on its
             # way while the bookkeeping runs.
-            flower_events.ran(
-                self.app,
-                batch,
-                outcomes,
-                started_at=base["started_at"],
-                run_s=run_s,
-                hostname=self.nodename or self.device_id,
-            ).publish_on(pipe)
+            if request_events:
+                flower_events.ran(
+                    self.app,
+                    batch,
+                    outcomes,
+                    started_at=base["started_at"],
+                    run_s=run_s,
+                    hostname=self.nodename or self.device_id,
+                ).publish_on(pipe)
             pipe.lpush(EVENTS_QUEUE, done_message)
 
         return also

@@ -71,6 +71,12 @@ _check(LEDGER_ATTEMPTS >= 1, "LEDGER_ATTEMPTS", LEDGER_ATTEMPTS, "at least 1")
 #: by the script that queues the requests, so they cost no round trip of their own.
 CELERY_TASK_SEND_SENT_EVENT = env.bool("TASK_SENT_EVENTS", default=True)
 CELERY_WORKER_SEND_TASK_EVENTS = True
+#: Flower shows every request as a task of its own: sent when queued (with
+#: TASK_SENT_EVENTS) and succeeded or failed when answered. Flower is one process and
+#: handles every event, so at a few thousand requests a second it is the first limit of
+#: the process set (docs/observability.md). Off, Flower shows the batch tasks only; the
+#: API, /requests/<id> and the dashboard still show every request.
+BATCHING_REQUEST_EVENTS = env.bool("REQUEST_EVENTS", default=True)
 
 # --- Batching -----------------------------------------------------------------------
 

@@ -195,7 +195,8 @@ def _queue(
             (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=argsrepr))
         )
         shown.append((task_id, argsrepr))
-    events = flower_events.sent(app, REQUEST_TASK, shown, queue) if settings.CELERY_TASK_SEND_SENT_EVENT else None
+    sent = settings.CELERY_TASK_SEND_SENT_EVENT and settings.BATCHING_REQUEST_EVENTS
+    events = flower_events.sent(app, REQUEST_TASK, shown, queue) if sent else None
     # The cap check, the ledger record, the push of every message and their task-sent
     # events: one round trip.
     deadline = max((r.deadline_at for r in requests if r.deadline_at is not None), default=None)

@@ -7,20 +7,24 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
+from systems import running
 
 from batching_site.celery import app
+from batching_site.harness import LocalSystem
 from tasks.edge.client import details, submit, submit_many
 from tasks.protocol.names import BATCH_TASK, REQUEST_TASK, SLOW_BATCH_QUEUE
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 
 
-@pytest.fixture
-def events(live_system) -> Iterator[object]:  # type: ignore[no-untyped-def]
-    """Celery's event state, fed by a receiver thread, as Flower keeps it."""
+@contextmanager
+def _event_state(probe_id: Callable[[object], str]) -> Iterator[object]:
+    """Celery's event state, fed by a receiver thread, as Flower keeps it. `probe_id`
+    names the task of a probe request whose final state proves the receiver listens."""
     state = app.events.State()
     stop = threading.Event()
     receivers: list[object] = []
@@ -45,15 +49,23 @@ def events(live_system) -> Iterator[object]:  # type: ignore[no-untyped-def]
     while True:
         probe = submit("probe for the event receiver", model="synthetic")
         probe.get(timeout=30)
-        if _state_of(state, probe.id, timeout=1.0) == "SUCCESS":
+        if _state_of(state, probe_id(probe), timeout=1.0) == "SUCCESS":
             break
         assert time.monotonic() < deadline, "the event receiver never received anything"
-    yield state
-    stop.set()
-    for receiver in receivers:
-        receiver.should_stop = True  # type: ignore[attr-defined]
-    thread.join(timeout=10)
+    try:
+        yield state
+    finally:
+        stop.set()
+        for receiver in receivers:
+            receiver.should_stop = True  # type: ignore[attr-defined]
+        thread.join(timeout=10)
     assert not thread.is_alive(), "the event receiver thread did not stop"
+
+
+@pytest.fixture
+def events(live_system) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    with _event_state(lambda probe: probe.id) as state:  # type: ignore[attr-defined]
+        yield state
 
 
 def _state_of(state, task_id: str, *, timeout: float, want: str | None = None) -> str | None:  # type: ignore[no-untyped-def]
@@ -118,3 +130,28 @@ def test_slow_lane_batches_show_in_flower_under_their_own_queue(events) -> None:
         assert time.monotonic() < deadline, (details(again), events.tasks.get(batch_id))
     assert task.name == BATCH_TASK and "slow lane" in (task.args or ""), task.args
     assert details(again)["isolated"] and details(again)["batch_size"] == 1
+
+
+@pytest.fixture
+def request_events_off(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """A system started with REQUEST_EVENTS=0, and this process submitting with it too."""
+    settings.BATCHING_REQUEST_EVENTS = False
+    system = LocalSystem(devices=["cpu:0"], preload="synthetic", env={"TORCH_THREADS": "1", "REQUEST_EVENTS": "0"})
+    with running(system, timeout=120):
+        yield
+
+
+def test_with_request_events_off_flower_sees_the_batch_tasks_only(request_events_off) -> None:  # type: ignore[no-untyped-def]
+    with _event_state(lambda probe: details(probe)["batch_id"]) as state:
+        ok = submit("an ordinary request", model="synthetic")
+        bad = submit("a poisoned request !fail", model="synthetic")
+        ok.get(timeout=60)
+        with pytest.raises(Exception, match="PoisonInput"):
+            bad.get(timeout=60)
+        # The device publishes its requests' events before its batch task returns, and
+        # the edge before anything: once their batches have succeeded, any would be in.
+        for batch_id in {details(ok)["batch_id"], details(bad)["batch_id"]}:
+            assert _state_of(state, batch_id, timeout=10, want="SUCCESS") == "SUCCESS"
+            assert state.tasks[batch_id].sent is not None, "batches keep their task-sent"
+        requests = [t for t in state.tasks.values() if t.name == REQUEST_TASK]
+        assert not requests and ok.id not in state.tasks and bad.id not in state.tasks
