@@ -98,7 +98,7 @@ class Sizes:
         ceiling_n += self.ceiling_unsorted_texts * len(self.unsorted_sizes)
         curve = self.main_texts + sum(self.curve.values())
         pipeline = self.warmup + curve + self.off_texts + self.noop_texts
-        pipeline += self.warmup + self.idle_texts + self.main_texts  # the make run system
+        pipeline += self.warmup + self.idle_texts + self.main_texts + self.noop_texts  # the make run system
         plain = self.warmup + curve + self.noop_texts
         batches = self.warmup + self.sweep_texts * len(self.sweep) + curve
         return ceiling_n + pipeline + plain + batches
@@ -323,15 +323,22 @@ def make_run_system(redis_url: str | None, log_dir: Path, *, preload: str = "min
     )
 
 
-def run_make_run(b: Bench, redis_url: str, texts: list[str]) -> None:
+def run_make_run(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> None:
     """The system as `make run` starts it, driven the way a script drives it: one caller
-    at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`."""
+    at a time (idle), then MAIN_THREADS callers, each `submit(text).get()`; then the no-op
+    model as on the harness, which shows what Flower costs a request (its workers load the
+    zero-cost `synthetic` beside MiniLM for it; `make run` loads MiniLM only)."""
     b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
-    with _serving(b, make_run_system(redis_url, b.logs / "make-run"), redis_url) as call:
+    zero_cost = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
+    system = make_run_system(redis_url, b.logs / "make-run", preload="minilm,synthetic", **zero_cost)
+    with _serving(b, system, redis_url) as call:
         b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.warmup], MAIN_THREADS)
         b.stage("make run system: one caller at a time, then 16 callers")
         b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.idle_texts], 1), kind="make run")
         b.record(b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.main_texts], MAIN_THREADS), kind="make run")
+        b.stage("make run system: no-op model")
+        noop = b.bulk(SYSTEM_MAKE_RUN, run_noop_chunk, all_answered, noop_texts, model="synthetic")
+        b.record(noop, kind="noop")
 
 
 def _pipeline_stats(shared_state: Any, since: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -542,7 +549,7 @@ def main() -> None:
         results: dict[str, Any] = {"meta": meta, "ceiling": run_ceiling(b)}
         with redis_server(b.logs) as (base, b.redis_pid):
             results["pipeline_stats"] = run_pipeline(b, f"{base}/0", texts, noop_texts)
-            run_make_run(b, f"{base}/3", texts)
+            run_make_run(b, f"{base}/3", texts, noop_texts)
             run_plain(b, f"{base}/1", texts, noop_texts)
             results["batches_best"] = run_batches(b, f"{base}/2", texts)
         results["runs"] = b.runs
