@@ -46,6 +46,7 @@ from batching_site.processes import COLLECTORS  # noqa: E402
 from bench.cpu import by_process, projected_ceiling  # noqa: E402
 from bench.run_all import (  # noqa: E402
     NOOP_THREADS,
+    ZERO_COST,
     all_answered,
     joined,
     make_run_system,
@@ -141,14 +142,13 @@ def main() -> None:
             from batching_site.harness import LocalSystem
             from tasks.edge.client import submit
 
-            zero_cost = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
             if args.make_run:
-                system = make_run_system(f"{base}/0", log_dir, preload="synthetic", **zero_cost)
+                system = make_run_system(f"{base}/0", log_dir, preload="synthetic", **ZERO_COST)
             else:
                 system = LocalSystem(
                     devices=["cpu:0", "cpu:1"],
                     preload="synthetic",
-                    env=zero_cost,
+                    env=ZERO_COST,
                     redis_url=f"{base}/0",
                     log_dir=str(log_dir),
                 )

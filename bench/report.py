@@ -33,13 +33,14 @@ def _make_run(results: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["threads"]: r for r in results["runs"] if r.get("kind") == "make run"}
 
 
+def _noops(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each system's no-op row, by system (the `make run` system's is newer than the
+    others: older results have none)."""
+    return {r["system"]: r for r in results["runs"] if r.get("kind") == "noop"}
+
+
 def _noop(results: dict[str, Any], system: str) -> dict[str, Any]:
-    return next(r for r in results["runs"] if r["system"] == system and r.get("kind") == "noop")
-
-
-def _has_noop(results: dict[str, Any], system: str) -> bool:
-    """Whether `system` has a no-op row (the `make run` system's is newer than the others)."""
-    return any(r["system"] == system and r.get("kind") == "noop" for r in results["runs"])
+    return _noops(results)[system]
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, float, str, bool]]:
@@ -158,8 +159,8 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, float, str, bool]]:
                 "≤",
             ),
         ]
-    if _has_noop(results, "make run"):
-        noop_made = _noop(results, "make run")
+    noop_made = _noops(results).get("make run")
+    if noop_made is not None:
         rows.append(
             row(
                 "`make run`: no-op throughput vs plain Celery no-op tasks/s",

@@ -58,12 +58,14 @@ MAIN_THREADS = 16
 #: Client threads of the no-op runs: enough senders that the system, not the
 #: clients' round trips, sets the rate.
 NOOP_THREADS = 32
+#: The no-op rows' model: `synthetic` at no cost, so what is measured is the serving.
+ZERO_COST = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
 #: No caller waits longer than this for one answer; past it the run fails loudly.
 ANSWER_TIMEOUT_S = 120.0
 
 SYSTEM_PIPELINE = "pipeline"
 #: The process set `make run` starts, as a user runs it: web (gunicorn), Flower, both
-#: collectors and a device worker per device under supervisord, MiniLM only, default
+#: collectors and a device worker per device under supervisord, MiniLM, default
 #: logging and torch threads. Its rows carry kind "make run".
 SYSTEM_MAKE_RUN = "make run"
 SYSTEM_OFF = "pipeline, batching off"
@@ -283,7 +285,7 @@ def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
     system = LocalSystem(
         devices=["cpu:0", "cpu:1"],
         preload="minilm,synthetic",
-        env={"TORCH_THREADS": "1", "SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"},
+        env={"TORCH_THREADS": "1", **ZERO_COST},
         redis_url=redis_url,
         log_dir=str(b.logs),
     )
@@ -329,8 +331,7 @@ def run_make_run(b: Bench, redis_url: str, texts: list[str], noop_texts: list[st
     model as on the harness, which shows what Flower costs a request (its workers load the
     zero-cost `synthetic` beside MiniLM for it; `make run` loads MiniLM only)."""
     b.stage("make run system: web, Flower, collectors and 2 device workers under supervisord")
-    zero_cost = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
-    system = make_run_system(redis_url, b.logs / "make-run", preload="minilm,synthetic", **zero_cost)
+    system = make_run_system(redis_url, b.logs / "make-run", preload="minilm,synthetic", **ZERO_COST)
     with _serving(b, system, redis_url) as call:
         b.load(SYSTEM_MAKE_RUN, call, texts[: b.sizes.warmup], MAIN_THREADS)
         b.stage("make run system: one caller at a time, then 16 callers")
