@@ -84,9 +84,11 @@ def accept(
 
 def _json_size(value: object) -> int:
     try:
-        return len(json.dumps(value, ensure_ascii=False))
+        # allow_nan=False: NaN and Infinity are not JSON, and messages are written by a
+        # library that would turn them into null (tasks/protocol/wire.py::dumps).
+        return len(json.dumps(value, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise TypeError(f"input must be JSON (a text, a list, an object): {exc}") from None
+        raise TypeError(f"input must be JSON (a text, a list, an object; no NaN or Infinity): {exc}") from None
 
 
 @shared_task(name=REQUEST_TASK)

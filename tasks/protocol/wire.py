@@ -22,10 +22,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from celery import Celery
 from kombu import Exchange, Queue
 
 CONTENT_TYPE = "application/json"
+
+
+# Every message crosses here twice (built, then read), and json's own dumps and loads
+# were the collector's largest cost per request (docs/benchmarks.md). orjson writes and
+# reads the same JSON several times faster; whatever it refuses (an int past 64 bits, a
+# lone surrogate, a NaN literal to read) goes through json as before. It writes a NaN as
+# null where json writes NaN, which is not JSON: the edge refuses non-finite numbers in
+# inputs (tasks/edge/intake.py), and no other field of a message can hold one.
+def dumps(obj: Any) -> str:
+    """`obj` as JSON text, as json.dumps reads it back."""
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(obj)
+
+
+def loads(raw: bytes | str) -> Any:
+    """What json.loads makes of `raw`."""
+    try:
+        return orjson.loads(raw)
+    except ValueError:  # orjson.JSONDecodeError
+        return json.loads(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +98,9 @@ def envelope(
     properties: dict[str, Any] | None = None,
 ) -> str:
     """`body` as JSON in kombu's message envelope, as its Redis transport stores it."""
-    return json.dumps(
+    return dumps(
         {
-            "body": base64.b64encode(json.dumps(body).encode()).decode(),
+            "body": base64.b64encode(dumps(body).encode()).decode(),
             "content-encoding": "utf-8",
             "content-type": CONTENT_TYPE,
             "headers": headers or {},
@@ -108,14 +131,14 @@ def publish_event(producer: Any, event: dict[str, Any], queue: str) -> None:
 def body(raw: bytes | str) -> Any:
     """The decoded body of a stored message (a task's [args, kwargs, embed], or an
     event's dict). Raises ValueError for anything that is not a message."""
-    return _body_of(json.loads(raw))
+    return _body_of(loads(raw))
 
 
 def decode(raw: bytes | str) -> Decoded:
     """Task name, id and arguments of a stored task message. Raises ValueError for
     anything that is not one."""
     try:
-        envelope = json.loads(raw)
+        envelope = loads(raw)
         headers = envelope.get("headers") or {}
         args, kwargs, _embed = _body_of(envelope)
         return Decoded(headers.get("task"), headers.get("id"), args, kwargs or {})
@@ -128,7 +151,7 @@ def _body_of(envelope: dict[str, Any]) -> Any:
         data = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             data = base64.b64decode(data)
-        return json.loads(data)
+        return loads(data)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"no message body: {exc!r}") from exc
 
@@ -136,7 +159,7 @@ def _body_of(envelope: dict[str, Any]) -> Any:
 def task_id_of(raw: bytes | str) -> str | None:
     """The task id of a stored message, if it has one that can name a Redis key."""
     try:
-        task_id = (json.loads(raw).get("headers") or {}).get("id")
+        task_id = (loads(raw).get("headers") or {}).get("id")
         if isinstance(task_id, str) and task_id:
             task_id.encode()  # a lone surrogate cannot be sent to Redis
             return task_id
@@ -148,6 +171,6 @@ def task_id_of(raw: bytes | str) -> str | None:
 def routing_key(raw: bytes | str) -> str | None:
     """The queue a stored message was published to."""
     try:
-        return json.loads(raw)["properties"]["delivery_info"]["routing_key"]
+        return loads(raw)["properties"]["delivery_info"]["routing_key"]
     except (KeyError, TypeError, ValueError):
         return None

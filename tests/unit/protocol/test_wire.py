@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
+from kombu.utils import json as kombu_json
 
 from batching_site.celery import app
 from tasks.protocol import wire
@@ -60,3 +64,22 @@ def test_body_that_is_not_a_string(raw: bytes) -> None:
 def test_decode_of_anything_but_a_task_message_raises_value_error(raw: bytes | str) -> None:
     with pytest.raises(ValueError):
         wire.decode(raw)
+
+
+# What orjson refuses (wire.dumps / wire.loads) goes through json, so a message holds and
+# reads back exactly what json would have made of it.
+AWKWARD = [2**70, -(2**64), "lone \ud800 surrogate", {1: "an int key"}, [1e300, -0.0, 5e-324], "héllo ✓"]
+
+
+@pytest.mark.parametrize("value", AWKWARD)
+def test_a_value_orjson_cannot_write_reads_back_as_json_would(value: object) -> None:
+    raw = wire.task_message(app, BATCH_TASK, "b1", [value], BATCH_QUEUE)
+    assert list(wire.decode(raw).args) == json.loads(json.dumps([value]))
+    # kombu, which a Celery worker reads it with, agrees.
+    assert kombu_json.loads(raw)["headers"]["id"] == "b1"
+
+
+def test_text_that_only_json_reads_is_still_read() -> None:
+    # A NaN literal, as json.dumps writes one (the edge no longer lets one in).
+    assert math.isnan(wire.loads(b"[NaN]")[0])
+    assert wire.loads(b'"\\ud800"') == "\ud800"
