@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,8 @@ class Request:
     alone: bool = False
 
     def to_message(self) -> dict[str, object]:
-        return asdict(self)
+        # Not dataclasses.asdict, which deep-copies the input only to have it serialized.
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_message(cls, data: dict[str, object]) -> Request:
@@ -48,3 +49,6 @@ class Request:
         if bad:
             raise ValueError(f"request field(s) of the wrong type or range: {', '.join(bad)}")
         return request
+
+
+_FIELDS = tuple(f.name for f in fields(Request))
