@@ -127,6 +127,7 @@ def test_session_auth_needs_the_csrf_token_on_post(user, bare_redis) -> None:  #
         (b'{"text": "hi"', 400, "parse"),
         (b'\xff\xfe{"text": 1}', 400, "parse"),
         (b'{"text": "hi", "deadline_s": NaN}', 422, "finite"),
+        (b'{"input": {"values": [1, NaN]}}', 422, "NaN or Infinity"),
         (b"[1, 2, 3]", 422, ""),
     ],
 )
