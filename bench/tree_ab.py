@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tree_ab.py 79dd912               # that commit against this tree
     .venv/bin/python bench/tree_ab.py 79dd912 --rounds 3 --texts 2000
+    .venv/bin/python bench/tree_ab.py 79dd912 --make-run    # make run's process set
 
 A ratio recorded on another day compares two machines as much as two trees: on a shared
 or changed machine plain Celery and the pipeline move by different amounts. This checks
@@ -9,7 +10,8 @@ out `rev` in a temporary worktree (using this tree's .venv), then runs the harne
 pipeline (collector and two single-threaded MiniLM device workers, as `make bench`)
 from each tree in turn, `--rounds` times: 16 callers each calling `submit(text).get()`
 over the same texts. It prints texts/s and CPU ms a text (counted as `make bench` counts it,
-and by process: the client is this one) for each run.
+and by process: the client is this one) for each run. `--make-run` runs the process set
+`make run` starts instead (web, Flower, INFO logging: bench/run_all.py::make_run_system).
 The two trees must share `bench.workload`, `bench.run_all.redis_server` and
 `LocalSystem`, as every tree since issue 16 does.
 """
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 CALLERS = 16
 
 
-def measure(tree: Path, n_texts: int) -> None:
+def measure(tree: Path, n_texts: int, make_run: bool = False) -> None:
     """One run, importing everything from `tree`. Prints one line."""
     os.chdir(tree)
     sys.path.insert(0, str(tree))
@@ -37,7 +39,7 @@ def measure(tree: Path, n_texts: int) -> None:
     django.setup()
     from batching_site.harness import LocalSystem
     from bench.cpu import by_process
-    from bench.run_all import _publish_and_wait, redis_server
+    from bench.run_all import _publish_and_wait, make_run_system, redis_server
     from bench.workload import closed_loop, corpus
     from tasks.edge.client import submit
     from tasks.store import shared_state
@@ -47,9 +49,16 @@ def measure(tree: Path, n_texts: int) -> None:
     logs = Path(tempfile.mkdtemp(prefix="tree-ab-"))
     with redis_server(logs) as (base, redis_pid):
         url = f"{base}/0"
-        system = LocalSystem(
-            devices=["cpu:0", "cpu:1"], preload="minilm", env={"TORCH_THREADS": "1"}, redis_url=url, log_dir=str(logs)
-        )
+        if make_run:
+            system = make_run_system(url, logs)
+        else:
+            system = LocalSystem(
+                devices=["cpu:0", "cpu:1"],
+                preload="minilm",
+                env={"TORCH_THREADS": "1"},
+                redis_url=url,
+                log_dir=str(logs),
+            )
         with system:
             connect(url)
             policy = shared_state.read_policy()
@@ -74,10 +83,11 @@ def main() -> None:
     ap.add_argument("rev", nargs="?", help="the git revision to compare this tree with")
     ap.add_argument("--rounds", type=int, default=2, help="runs per tree, alternated")
     ap.add_argument("--texts", type=int, default=1000, help="texts per run")
+    ap.add_argument("--make-run", action="store_true", help="make run's process set instead of the harness's")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
-        measure(args.measure, args.texts)
+        measure(args.measure, args.texts, args.make_run)
         return
     if not args.rev:
         ap.error("name a revision to compare with, e.g. HEAD~5")
@@ -89,7 +99,8 @@ def main() -> None:
         for k in range(args.rounds):
             for name, tree in trees.items():
                 out = subprocess.run(
-                    [sys.executable, __file__, "--measure", str(tree), "--texts", str(args.texts)],
+                    [sys.executable, __file__, "--measure", str(tree), "--texts", str(args.texts)]
+                    + (["--make-run"] if args.make_run else []),
                     capture_output=True,
                     text=True,
                 )
