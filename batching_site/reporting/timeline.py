@@ -12,6 +12,7 @@ Celery, because telling them apart would mean searching every queue.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +44,26 @@ def _error_text(meta: dict[str, Any]) -> str:
     return str(exc)
 
 
+def json_safe(answer: Any) -> Any:
+    """A model's answer with each NaN and infinity as null, as JavaScript's
+    JSON.stringify writes them: JSON has no such numbers, and a browser's JSON.parse
+    refuses a whole response over one. A script's `.get()` still gets the float."""
+    try:
+        return _finite(answer)
+    except RecursionError:  # nested deeper than a response can be written anyway
+        return answer
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def read(request_id: str) -> dict[str, Any]:
     """{"id", "status", "details", "timeline", and "result" or "error"}."""
     meta = get_app().backend.get_task_meta(request_id)
@@ -50,7 +71,7 @@ def read(request_id: str) -> dict[str, Any]:
     details = dict(meta.get("batching") or {})
     body: dict[str, Any] = {"id": request_id, "status": status, "details": details}
     if status == states.SUCCESS:
-        body["result"] = meta.get("result")
+        body["result"] = json_safe(meta.get("result"))
     elif status == states.FAILURE:
         body["error"] = _error_text(meta)
     body["timeline"] = timeline(status, details, done_at=_timestamp(meta.get("date_done")), error=body.get("error"))

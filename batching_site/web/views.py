@@ -17,6 +17,7 @@ from tasks.protocol.app import get_app
 from tasks.protocol.names import PRIORITIES
 from tasks.store import clock, redis_memory, shared_state
 
+from ..reporting import timeline
 from . import access
 from .errors import refusal
 
@@ -100,7 +101,7 @@ def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
     meta = get_app().backend.get_task_meta(str(request_id))
     body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": meta.get("batching") or {}}
     if meta["status"] == "SUCCESS":
-        body["result"] = meta["result"]
+        body["result"] = timeline.json_safe(meta["result"])
     elif meta["status"] == "FAILURE":
         exc = meta["result"]
         body["error"] = f"{type(exc).__name__}: {exc}"

@@ -235,3 +235,28 @@ def test_a_pending_request_reads_as_pending(live_system, api: Client, user) -> N
     shared_state.client().set(owner_key(request_id), f"normal|user:{user.pk}", ex=60)
     body = api.get(f"{API}/requests/{request_id}").json()
     assert body["status"] == "PENDING" and body["timeline"][-1]["event"] == "pending"
+
+
+@pytest.mark.live
+def test_an_answer_holding_nan_reads_as_json_with_null(live_system, api: Client, user) -> None:  # type: ignore[no-untyped-def]
+    # A model of the host project's may answer NaN; Celery stores it as NaN, which is
+    # not JSON: a browser's JSON.parse would refuse the whole response.
+    from batching_site.celery import app
+    from tasks.protocol.names import owner_key
+    from tasks.protocol.results import Outcome
+    from tasks.store import shared_state
+    from tasks.store.outcomes import OutcomeWriter
+
+    request_id = str(uuid.uuid4())
+    shared_state.client().set(owner_key(request_id), f"normal|user:{user.pk}", ex=60)
+    OutcomeWriter(app).write([Outcome(request_id, result={"scores": [0.5, float("nan")], "top": float("inf")})])
+
+    def strict(raw: bytes) -> dict[str, object]:
+        return json.loads(raw, parse_constant=lambda name: pytest.fail(f"{name} in a JSON response"))
+
+    page = Client()
+    page.force_login(user)
+    for response in (api.get(f"{API}/requests/{request_id}"), page.get(f"/requests/{request_id}.json")):
+        assert response.status_code == 200
+        body = strict(response.content)
+        assert body["status"] == "SUCCESS" and body["result"] == {"scores": [0.5, None], "top": None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import states
 
-from batching_site.reporting.timeline import timeline
+from batching_site.reporting.timeline import json_safe, timeline
 
 DETAILS = {
     "priority": "high",
@@ -53,3 +53,16 @@ def test_a_request_not_yet_done_ends_pending() -> None:
 
 def test_an_unknown_request_is_only_pending() -> None:
     assert [e["event"] for e in timeline(states.PENDING, {}, done_at=None)] == ["pending"]
+
+
+def test_json_safe_nulls_only_the_numbers_json_has_not() -> None:
+    nan, inf = float("nan"), float("inf")
+    answer = {"v": [1.5, nan, -inf, 0], "pair": (inf, "text"), "ok": True, "none": None, "deep": [[[nan]]]}
+    assert json_safe(answer) == {
+        "v": [1.5, None, None, 0],
+        "pair": [None, "text"],
+        "ok": True,
+        "none": None,
+        "deep": [[[None]]],
+    }
+    assert json_safe("NaN") == "NaN" and json_safe(7) == 7
