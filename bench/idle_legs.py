@@ -111,12 +111,13 @@ def plain_celery(model: str, n: int, pause_s: float) -> float:
 
 
 def system(model: str, make_run: bool) -> LocalSystem:
-    env = {"SYNTHETIC_PER_TOKEN_S": "0", "SYNTHETIC_OVERHEAD_S": "0"}
+    # Here, not at the top, as in plain_celery(): run_all imports the baselines, which
+    # need the bench's extra packages.
+    from bench.run_all import ZERO_COST, make_run_system
+
     if make_run:
-        return LocalSystem(
-            devices=["cpu:0", "cpu:1"], preload=model, env={**env, "LOG_LEVEL": "INFO"}, web=True, flower=True
-        )
-    return LocalSystem(devices=["cpu:0", "cpu:1"], preload=model, env={**env, "LOG_LEVEL": "WARNING"})
+        return make_run_system(None, REPO / "bench/out/idle-legs/make-run", preload=model, **ZERO_COST)
+    return LocalSystem(devices=["cpu:0", "cpu:1"], preload=model, env={**ZERO_COST, "LOG_LEVEL": "WARNING"})
 
 
 def main() -> None:
