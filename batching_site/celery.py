@@ -1,14 +1,14 @@
-"""The Celery app: configuration only, as any Django project that adds batching writes
-it. The queues and routes come from the package (tasks/protocol/app.py `configure`);
-each worker role adds its own start-up step where it starts (tasks/collector/worker.py,
-gpu_workers/worker.py).
+"""The Celery app, as any Django project that adds batching writes it: its own
+configuration, then `configure(app)`, which marks it as the app batching sends through
+and changes none of it. Batching's workers set what their consumers need in their own
+processes (dynamic_batching.protocol.app.configure_worker).
 """
 
 import os
 
 from celery import Celery
 
-from tasks.protocol.app import configure
+from dynamic_batching.protocol.app import configure
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 

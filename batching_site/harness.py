@@ -25,7 +25,7 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from tasks.protocol.names import COLLECTOR_KEY, DEVICE_PREFIX
+from dynamic_batching.protocol.names import COLLECTOR_KEY, DEVICE_PREFIX
 
 from . import processes
 
@@ -120,7 +120,9 @@ class LocalSystem:
         ClientQuota row when `quota` is given, and a new API token for it."""
         code = f"from django.contrib.auth.models import User; u = User.objects.create_user({username!r})"
         if quota:
-            code += f"; from tasks.models import ClientQuota; ClientQuota.objects.create(user=u, **{quota!r})"
+            code += (
+                f"; from dynamic_batching.models import ClientQuota; ClientQuota.objects.create(user=u, **{quota!r})"
+            )
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "shell", "-c", code], env=self.env(), check=True, capture_output=True, cwd=_ROOT)
         out = subprocess.run(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # The workers' command lines live in the package, where `manage.py batching_worker`
 # builds them for any Django project; this module adds the site's own processes.
-from tasks.processes import celery_command, collector_command, device_command  # noqa: F401
+from dynamic_batching.processes import celery_command, collector_command, device_command  # noqa: F401
 
 #: The path Flower is served under behind the front door (batching_site/deploy/Caddyfile).
 FLOWER_PREFIX = "flower"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -69,7 +70,14 @@ def command(argv: Sequence[str]) -> list[str]:
     args = parser.parse_args(list(argv))
 
     if args.role == "migrate":
-        return [sys.executable, "manage.py", "migrate", "--no-input"]
+        # A database from before the app's label was `dynamic_batching` moves first
+        # (dynamic_batching/relabel.py); on any other, batching_relabel does nothing.
+        python = shlex.quote(sys.executable)
+        return [
+            "/bin/sh",
+            "-c",
+            f"{python} manage.py batching_relabel -v 0 && exec {python} manage.py migrate --no-input",
+        ]
     if args.role == "web":
         return processes.web_command(bind=args.bind)
     if args.role == "collector":

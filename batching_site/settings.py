@@ -36,7 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "ninja",
-    "tasks",
+    "dynamic_batching",
 ]
 
 MIDDLEWARE = [
@@ -87,11 +87,39 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
 }
 
-# --- Batching: every setting the batching app reads (broker and results included) -----
-# Imported here, after .env is read, because each default comes from the environment.
+# --- Celery and batching --------------------------------------------------------------
+# This site is a host project of the batching package like any other: its Celery
+# settings are its own, and batching reads its settings from the BATCHING dict (each key
+# overridable by BATCHING_<KEY> in the environment: docs/configuration.md).
 
-from tasks.defaults import *  # noqa
-from tasks.defaults import _check  # noqa: E402
+#: One Redis (or Valkey) serves as broker, result backend and batching's store. `make
+#: run` finds or starts one at this address; tests start their own on a free port.
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = REDIS_URL
+#: Celery's Redis backend, whose connections retry through a Redis restart.
+CELERY_RESULT_BACKEND = f"dynamic_batching.store.result_backend:RetryingRedisBackend+{REDIS_URL}"
+#: JSON only: pickle would let anyone who can write to the broker run code.
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+BATCHING = {
+    "REDIS_URL": REDIS_URL,
+    "CELERY_APP": "batching_site.celery.app",
+    #: make run's devices: one worker each (empty: every CUDA device, else cpu:0,cpu:1).
+    "DEVICES": env.list("DEVICES", default=[]),
+}
+
+
+def _check(ok: bool, variable: str, value: object, rule: str) -> None:
+    """Refuse to start with a knob out of range, naming the variable and its value."""
+    if not ok:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{variable} must be {rule}, got {value!r}")
+
 
 # --- Web processes -------------------------------------------------------------------
 

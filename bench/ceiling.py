@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.model_ceiling import chunks, padded_tokens, time_batches
-from gpu_workers.models import get_spec
+from dynamic_batching.gpu_workers.models import get_spec
 
 
 def measure(

@@ -50,9 +50,9 @@ from tqdm import tqdm  # noqa: E402
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
 from bench.workload import closed_loop, corpus  # noqa: E402
-from tasks.edge.client import submit  # noqa: E402
-from tasks.store import shared_state  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.edge.client import submit  # noqa: E402
+from dynamic_batching.store import shared_state  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 LEGS = ("run end -> next dispatched", "-> started", "gap")
 

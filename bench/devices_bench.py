@@ -11,7 +11,7 @@ processes throughout; devices are started and stopped between phases, in this or
     fast alone        cpu:0                      its capacity (and the 1-device baseline)
     slow alone        cpu:1 at SYNTHETIC_SLOWDOWN=3
     pull, unequal     fast + slow, worker-pull   target >= 0.9 x (fast + slow capacity)
-    push, unequal     fast + slow, round-robin push (COLLECTOR_DISPATCH=push, baseline only)
+    push, unequal     fast + slow, round-robin push (BATCHING_COLLECTOR_DISPATCH=push, baseline only)
     2 devices, 4 devices   equal fast devices, worker-pull; ratios against one device
 
 Each phase keeps a closed-loop backlog of requests in flight (so every device is always
@@ -48,10 +48,10 @@ from tqdm import tqdm  # noqa: E402
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
 from batching_site.processes import program_name  # noqa: E402
-from tasks.core.policy import BatchPolicy  # noqa: E402
-from tasks.edge.client import details, submit_many  # noqa: E402
-from tasks.store import shared_state  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.core.policy import BatchPolicy  # noqa: E402
+from dynamic_batching.edge.client import details, submit_many  # noqa: E402
+from dynamic_batching.store import shared_state  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 SEED = 0
 #: Per-device cost: a full batch (16 x 22 tokens) takes about 0.57 s, 36 ms a request,
@@ -92,7 +92,7 @@ class Bench:
     def collector(self, mode: str) -> None:
         self.system.stop("collector")
         shared_state.client().delete(shared_state.COLLECTOR_KEY)  # so we see the new one
-        self.system.start_collector(env={"COLLECTOR_DISPATCH": mode})
+        self.system.start_collector(env={"BATCHING_COLLECTOR_DISPATCH": mode})
 
     def device(self, name: str, *, slowdown: float = 1.0) -> None:
         self.system.start_device(name, env={"SYNTHETIC_SLOWDOWN": str(slowdown)})

@@ -27,7 +27,7 @@ BATCH=${GPU_CHECK_BATCH:-64}
 # Leaves room, inside 8 minutes, for setting up the venv.
 LIMIT_S=${GPU_CHECK_LIMIT_S:-420}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DJANGO_SETTINGS_MODULE=batching_site.settings
-export DEVICES=$DEVICE COLLECTOR_BATCHES_AHEAD=1
+export DEVICES=$DEVICE BATCHING_COLLECTOR_BATCHES_AHEAD=1
 
 TORCH_OK='import torch'
 if [[ $DEVICE == cuda* ]]; then

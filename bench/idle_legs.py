@@ -47,8 +47,8 @@ from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
-from tasks.edge.client import submit  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.edge.client import submit  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 LEGS = ("submit", "to collector", "to device", "run", "to answer", "to caller", "total")
 

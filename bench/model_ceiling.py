@@ -27,7 +27,7 @@ from pathlib import Path
 # Runnable as a plain script from anywhere.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_workers.models import BatchRunner, ModelSpec, get_spec, model_names
+from dynamic_batching.gpu_workers.models import BatchRunner, ModelSpec, get_spec, model_names
 
 WORDS = [
     "the",

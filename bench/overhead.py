@@ -18,7 +18,7 @@ scale out with the cores (bench/cpu.py::projected_ceiling).
 `--make-run` measures the pipeline on the process set `make run` starts (web, Flower,
 INFO logging: bench/run_all.py::make_run_system) instead of the harness's, so the CPU
 table shows what Flower spends on each request; Flower, one process, is projected as
-one core at most too. `TASK_SENT_EVENTS=0` in front of the command measures without the
+one core at most too. `BATCHING_TASK_SENT_EVENTS=0` in front of the command measures without the
 task-sent events (for the client's requests and the collector's batches).
 """
 
@@ -54,7 +54,7 @@ from bench.run_all import (  # noqa: E402
     run_noop_chunk,
 )
 from bench.workload import bulk, closed_loop, corpus  # noqa: E402
-from tasks.store.connection import client, connect  # noqa: E402
+from dynamic_batching.store.connection import client, connect  # noqa: E402
 
 
 def _profile(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -140,7 +140,7 @@ def main() -> None:
     with redis_server(log_dir) as (base, redis_pid):
         if args.only != "plain":
             from batching_site.harness import LocalSystem
-            from tasks.edge.client import submit
+            from dynamic_batching.edge.client import submit
 
             if args.make_run:
                 system = make_run_system(f"{base}/0", log_dir, preload="synthetic", **ZERO_COST)

@@ -1,8 +1,8 @@
 """Packing by the learned cost against packing by length alone, on the system `make run`
 starts (web, Flower, collectors and two CPU device workers under supervisord, MiniLM).
 
-Each round starts the system twice on one Redis server, once with COST_PACKING=1 (the
-default) and once with COST_PACKING=0, and drives each the way `make bench` drives its
+Each round starts the system twice on one Redis server, once with BATCHING_COST_PACKING=1 (the
+default) and once with BATCHING_COST_PACKING=0, and drives each the way `make bench` drives its
 headline run: 16 callers in a closed loop, each `submit(text).get()`. Rounds alternate
 the order, so a machine that slows down over the run hurts both alike. It prints each
 run, the learned cost line the collector's heartbeat shows, and the ratio.
@@ -37,9 +37,11 @@ from bench.workload import corpus  # noqa: E402
 
 
 def one_run(b: run_all.Bench, redis_url: str, texts: list[str], packing: bool, n: int) -> dict[str, Any]:
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
-    system = run_all.make_run_system(redis_url, b.logs / f"packing-{int(packing)}", COST_PACKING=str(int(packing)))
+    system = run_all.make_run_system(
+        redis_url, b.logs / f"packing-{int(packing)}", BATCHING_COST_PACKING=str(int(packing))
+    )
     with run_all._serving(b, system, redis_url) as call:
         b.load("warm-up", call, texts[: b.sizes.warmup], run_all.MAIN_THREADS)
         before = run_all._pipeline_stats(shared_state)

@@ -8,7 +8,7 @@ throughput survives serving? What bench/gpu_check.sh runs on a CUDA machine.
    the seeded mixed-length corpus in batches of --batch, sorted by length and in arrival
    order; texts/s. The model is then closed, so the GPU is free for step 2.
 2. Pipeline: Redis, the collector and one device worker on the same device
-   (DEVICES=<device>, COLLECTOR_BATCHES_AHEAD=1), the same corpus submitted by
+   (DEVICES=<device>, BATCHING_COLLECTOR_BATCHES_AHEAD=1), the same corpus submitted by
    --clients threads through the client API, all at once; texts/s from the first
    submit to the last answer, and on the device alone (first batch start to last end).
 
@@ -43,12 +43,12 @@ from tqdm import tqdm  # noqa: E402
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
 from bench.model_ceiling import chunks, make_corpus, time_batches  # noqa: E402
-from gpu_workers.models import get_spec, model_names  # noqa: E402
-from tasks.core.policy import BatchPolicy  # noqa: E402
-from tasks.edge import client as client_api  # noqa: E402
-from tasks.edge.client import submit_many  # noqa: E402
-from tasks.store import shared_state  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.core.policy import BatchPolicy  # noqa: E402
+from dynamic_batching.edge import client as client_api  # noqa: E402
+from dynamic_batching.edge.client import submit_many  # noqa: E402
+from dynamic_batching.gpu_workers.models import get_spec, model_names  # noqa: E402
+from dynamic_batching.store import shared_state  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 
 def bare_loop(model: str, device: str, texts: list[str], batch: int) -> dict[str, float]:
@@ -75,7 +75,7 @@ def pipeline(model: str, device: str, texts: list[str], batch: int, clients: int
     system = LocalSystem(
         devices=[device],
         preload=model,
-        env={"COLLECTOR_BATCHES_AHEAD": "1", "DEFAULT_MODEL": model},
+        env={"BATCHING_COLLECTOR_BATCHES_AHEAD": "1", "BATCHING_DEFAULT_MODEL": model},
     )
     try:
         system.start(timeout=300)

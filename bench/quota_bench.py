@@ -44,7 +44,7 @@ from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 SYNTHETIC_ENV = {"SYNTHETIC_OVERHEAD_S": "0.003", "SYNTHETIC_PER_TOKEN_S": "0.0002"}
 

@@ -234,9 +234,9 @@ def curve(b: Bench, system: str, call: Callable[[str], Any], texts: list[str], *
 def _serving(b: Bench, system: Any, redis_url: str) -> Iterator[Callable[[str], Any]]:
     """Start one of our systems, count its processes' CPU, point this process at its
     Redis, and yield what a caller does: `submit(text).get()`."""
-    from tasks.edge.client import submit
-    from tasks.store import shared_state
-    from tasks.store.connection import connect
+    from dynamic_batching.edge.client import submit
+    from dynamic_batching.store import shared_state
+    from dynamic_batching.store.connection import connect
 
     with system:
         b.serving(lambda: list(system.pids().values()))
@@ -255,8 +255,8 @@ def _serving(b: Bench, system: Any, redis_url: str) -> Iterator[Callable[[str], 
 
 def run_noop_chunk(texts: list[str]) -> list[Any]:
     """A no-op chunk sent and all its answers awaited in one call, as a script would
-    (tasks.edge.client.run_many)."""
-    from tasks.edge.client import run_many
+    (dynamic_batching.edge.client.run_many)."""
+    from dynamic_batching.edge.client import run_many
 
     return run_many(texts, model="synthetic", timeout=ANSWER_TIMEOUT_S)
 
@@ -279,7 +279,7 @@ def joined(results: list[Any]) -> list[Any]:
 
 def run_pipeline(b: Bench, redis_url: str, texts: list[str], noop_texts: list[str]) -> dict[str, Any]:
     from batching_site.harness import LocalSystem
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
     b.stage("pipeline: starting Redis-backed collector and 2 device workers")
     system = LocalSystem(

@@ -55,9 +55,9 @@ from tqdm import tqdm
 # Runnable as a plain script from anywhere.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.core.policy import PRIORITIES, BatchPolicy
-from tasks.core.scheduler import Batch, Item, Scheduler
-from tasks.core.slowness import CostModel
+from dynamic_batching.core.policy import PRIORITIES, BatchPolicy
+from dynamic_batching.core.scheduler import Batch, Item, Scheduler
+from dynamic_batching.core.slowness import CostModel
 
 #: (probability, shortest, longest) tokens per request.
 LENGTHS: tuple[tuple[float, int, int], ...] = ((0.70, 10, 20), (0.25, 50, 90), (0.05, 200, 256))

@@ -40,6 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dynamic_batching.conf import conf
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
@@ -50,15 +52,14 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.conf import settings  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from batching_site.celery import app  # noqa: E402
 from batching_site.harness import LocalSystem  # noqa: E402
-from tasks.core.policy import BatchPolicy  # noqa: E402
-from tasks.edge.client import submit  # noqa: E402
-from tasks.store import shared_state  # noqa: E402
-from tasks.store.connection import connect  # noqa: E402
+from dynamic_batching.core.policy import BatchPolicy  # noqa: E402
+from dynamic_batching.edge.client import submit  # noqa: E402
+from dynamic_batching.store import shared_state  # noqa: E402
+from dynamic_batching.store.connection import connect  # noqa: E402
 
 SYNTHETIC_ENV = {"SYNTHETIC_OVERHEAD_S": "0.004", "SYNTHETIC_PER_TOKEN_S": "0.0003"}
 
@@ -159,11 +160,9 @@ def main() -> None:
         help="under 'share': the slow lane's share of device time",
     )
     ap.add_argument(
-        "--factor", type=float, default=settings.SLOW_FACTOR, help="watchdog limit, times the expected batch time"
+        "--factor", type=float, default=conf.SLOW_FACTOR, help="watchdog limit, times the expected batch time"
     )
-    ap.add_argument(
-        "--floor", type=float, default=settings.SLOW_FLOOR_S, help="watchdog limit never below this, seconds"
-    )
+    ap.add_argument("--floor", type=float, default=conf.SLOW_FLOOR_S, help="watchdog limit never below this, seconds")
     ap.add_argument(
         "--known", action="store_true", help="the warm-up sends each offender once: measure known inputs only"
     )
@@ -183,7 +182,7 @@ def main() -> None:
     for label, devices, round_, slow_share, burn, count in tqdm(plan, desc="rows", unit="row"):
         stream = arrivals(args.rate, args.seconds, slow_share, args.seed + round_, count)
         burners = []
-        env = {**SYNTHETIC_ENV, "SLOW_FACTOR": str(args.factor), "SLOW_FLOOR_S": str(args.floor)}
+        env = {**SYNTHETIC_ENV, "BATCHING_SLOW_FACTOR": str(args.factor), "BATCHING_SLOW_FLOOR_S": str(args.floor)}
         system = LocalSystem(
             devices=[f"cpu:{i}" for i in range(devices)], preload="synthetic", env=env, web=True, flower=True
         )

@@ -41,9 +41,9 @@ def measure(tree: Path, n_texts: int, make_run: bool = False) -> None:
     from bench.cpu import by_process
     from bench.run_all import _publish_and_wait, make_run_system, redis_server
     from bench.workload import closed_loop, corpus
-    from tasks.edge.client import submit
-    from tasks.store import shared_state
-    from tasks.store.connection import connect
+    from dynamic_batching.edge.client import submit
+    from dynamic_batching.store import shared_state
+    from dynamic_batching.store.connection import connect
 
     texts = corpus(n_texts + 100)
     logs = Path(tempfile.mkdtemp(prefix="tree-ab-"))

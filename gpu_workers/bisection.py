@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
-
-from tasks.core.errors import BatchOutputMismatch, InferenceError
-from tasks.core.slowness import CostModel
+from dynamic_batching.conf import conf
+from dynamic_batching.core.errors import BatchOutputMismatch, InferenceError
+from dynamic_batching.core.slowness import CostModel
 
 from .models.base import BatchRunner
 from .watchdog import BatchTooSlow, Watchdog
@@ -75,10 +74,10 @@ class Bisector:
         costs = self.costs.get(model)
         if costs is None:
             costs = self.costs[model] = CostModel(
-                factor=settings.SLOW_FACTOR, floor_s=settings.SLOW_FLOOR_S, hard_limit_s=settings.BATCH_HARD_LIMIT_S
+                factor=conf.SLOW_FACTOR, floor_s=conf.SLOW_FLOOR_S, hard_limit_s=conf.BATCH_HARD_LIMIT_S
             )
         padded = len(reqs) * max(r["tokens"] for r in reqs)
-        learned = settings.SLOW_ISOLATION and not slow_lane
+        learned = conf.SLOW_ISOLATION and not slow_lane
         limit = costs.limit_s(padded) if learned else costs.hard_limit_s
         hard = costs.hard_limit_s
         if until is not None:
@@ -91,7 +90,7 @@ class Bisector:
             # Past its limit the call is interrupted between bytecodes, or sooner, under a
             # learned limit, once its progress shows it far past it; still running past
             # the hard limit plus a grace, it is stuck in native code (watchdog.on_hung).
-            with self.watchdog.limit(limit, hung_after=hard + settings.HANG_GRACE_S, project=learned):
+            with self.watchdog.limit(limit, hung_after=hard + conf.HANG_GRACE_S, project=learned):
                 out = runner.run_batch([r["input"] for r in reqs])
             if len(out) != len(reqs):
                 raise BatchOutputMismatch(len(reqs), len(out))

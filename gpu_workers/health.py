@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 from celery import Celery
-from django.conf import settings
 
-from tasks.core.circuit import CircuitBreaker
-from tasks.protocol.names import SHARED_BATCH_QUEUES
+from dynamic_batching.conf import conf
+from dynamic_batching.core.circuit import CircuitBreaker
+from dynamic_batching.protocol.names import SHARED_BATCH_QUEUES
 
 from .resend import resend
 
@@ -40,13 +40,13 @@ class DeviceHealth:
         #: The Celery worker's name, to stop and resume its consuming when the circuit trips.
         self.nodename = nodename
         self.breaker = CircuitBreaker(
-            time.monotonic, threshold=settings.CIRCUIT_THRESHOLD, cooldown_s=settings.CIRCUIT_COOLDOWN_S
+            time.monotonic, threshold=conf.CIRCUIT_THRESHOLD, cooldown_s=conf.CIRCUIT_COOLDOWN_S
         )
 
     def may_run(self, batch: dict[str, Any]) -> bool:
         """False while the circuit is open, unless the batch has bounced so often that
         it runs anyway: with every device broken its callers still get errors."""
-        return self.breaker.allow() or batch.get("bounces", 0) >= settings.MAX_BOUNCES
+        return self.breaker.allow() or batch.get("bounces", 0) >= conf.MAX_BOUNCES
 
     def judge(self, batch: dict[str, Any], results: list[Any]) -> bool:
         """Record how the batch went. True if the device, not the inputs, failed it and
@@ -54,7 +54,7 @@ class DeviceHealth:
         if device_failed(results):
             if self.breaker.record_failure():
                 self._open_circuit()
-            return batch.get("bounces", 0) < settings.MAX_BOUNCES
+            return batch.get("bounces", 0) < conf.MAX_BOUNCES
         if any(not isinstance(res, BaseException) for res in results):
             self.breaker.record_success()
         return False

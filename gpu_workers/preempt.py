@@ -41,11 +41,11 @@ from typing import Any
 
 from celery import Celery, states
 from celery.app.trace import trace_task
-from django.conf import settings
 from kombu import Queue
 
-from tasks.protocol import events as flower_events
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK
+from dynamic_batching.conf import conf
+from dynamic_batching.protocol import events as flower_events
+from dynamic_batching.protocol.names import BATCH_QUEUE, BATCH_TASK
 
 from .taken import Taken
 from .watchdog import Watchdog
@@ -89,7 +89,7 @@ class Preemption:
         self._emit = emit
         self.device_id = device_id
         self.hostname = hostname
-        self.enabled = settings.PREEMPTION
+        self.enabled = conf.PREEMPTION
         #: The batches running now, outermost first: each one after the first runs
         #: between two layers of the one before it.
         self._running: list[_Armed] = []
@@ -125,7 +125,7 @@ class Preemption:
             yield_at = float("inf")
         else:
             yield_at = time.monotonic() + yield_after_s
-        budget = settings.VISIBILITY_TIMEOUT_S - settings.BATCH_HARD_LIMIT_S - settings.HANG_GRACE_S
+        budget = conf.VISIBILITY_TIMEOUT_S - conf.BATCH_HARD_LIMIT_S - conf.HANG_GRACE_S
         self._running.append(_Armed(batch_id, yield_at, budget))
         try:
             yield
@@ -158,7 +158,7 @@ class Preemption:
             message = self._take()
             if message is None:
                 return
-            self._untils.append(now + min(settings.BATCH_HARD_LIMIT_S, room))
+            self._untils.append(now + min(conf.BATCH_HARD_LIMIT_S, room))
             t0, inside = time.perf_counter(), self.nested_s
             try:
                 self._run(message)

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-from tasks.protocol.names import BATCH_TASK, batch_queue_name
+from dynamic_batching.protocol.names import BATCH_TASK, batch_queue_name
 
 
 def resend(app: Celery, batch: dict[str, Any], task_id: str) -> None:

@@ -23,17 +23,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery
-from django.conf import settings
 
-from tasks import metrics
-from tasks.core.errors import DeadlineExceeded, ModelUnavailable, WorkerCrashed
-from tasks.core.slowness import confirms_slow, fingerprint
-from tasks.protocol import events as flower_events
-from tasks.protocol import wire
-from tasks.protocol.names import EVENTS_QUEUE
-from tasks.protocol.results import Outcome
-from tasks.store import clock, deliveries, shared_state
-from tasks.store.outcomes import OutcomeWriter
+from dynamic_batching import metrics
+from dynamic_batching.conf import conf
+from dynamic_batching.core.errors import DeadlineExceeded, ModelUnavailable, WorkerCrashed
+from dynamic_batching.core.slowness import confirms_slow, fingerprint
+from dynamic_batching.protocol import events as flower_events
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import EVENTS_QUEUE
+from dynamic_batching.protocol.results import Outcome
+from dynamic_batching.store import clock, deliveries, shared_state
+from dynamic_batching.store.outcomes import OutcomeWriter
 
 from . import resend
 from .bisection import SLOW, UNRUN, Bisector
@@ -155,13 +155,13 @@ class DeviceRunner:
         expected = costs.expected_s(len(todo) * max((r["tokens"] for r in todo), default=0)) if costs else None
         # Never before SLOW_FLOOR_S: a short batch that runs a little long is only noise,
         # and a batch let in ahead of it would only reorder the two.
-        return None if expected is None else max(settings.PREEMPT_AFTER * expected, settings.SLOW_FLOOR_S)
+        return None if expected is None else max(conf.PREEMPT_AFTER * expected, conf.SLOW_FLOOR_S)
 
     def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
         started = clock.now()  # Redis's clock, as the edge set the deadlines
         # One time bound for the whole batch, bisection and isolation included (and for
         # one that preempts another, what that one's bound leaves it).
-        until = time.monotonic() + settings.BATCH_HARD_LIMIT_S
+        until = time.monotonic() + conf.BATCH_HARD_LIMIT_S
         # Inside another batch, this one has only the time that one lends: on a busy
         # host, where every batch runs long and yields, that can run out before the
         # batch does, and that is no fault of its inputs.
@@ -284,7 +284,7 @@ class DeviceRunner:
                 resend.resend(self.app, half, half["batch_id"])
             log.warning("batch %s came back (%d times): split in halves", batch["batch_id"], times)
             return {**reply, "split": [mid, len(todo) - mid]}
-        if times < settings.POISON_REDELIVERIES:
+        if times < conf.POISON_REDELIVERIES:
             return None
         r = todo[0]
         log.error("request %s came back %d times alone: answering it with an error", r["id"], times)
@@ -368,7 +368,7 @@ class DeviceRunner:
             "lane": batch.get("lane", "normal"),
         }
         done_message = wire.event_message(done, EVENTS_QUEUE)
-        request_events = settings.BATCHING_REQUEST_EVENTS
+        request_events = conf.REQUEST_EVENTS
 
         def also(pipe: Any) -> None:
             # In the same round trip as the last answers: Flower's events for them, and
@@ -413,8 +413,8 @@ class DeviceRunner:
                 confirmed, ratio = confirms_slow(
                     (r["tokens"], took),
                     control,
-                    factor=settings.SLOW_CONFIRM_FACTOR,
-                    floor_s=settings.SLOW_FLOOR_S,
+                    factor=conf.SLOW_CONFIRM_FACTOR,
+                    floor_s=conf.SLOW_FLOOR_S,
                     expected=self.bisector.costs[model].expected_s,
                 )
             if confirmed:

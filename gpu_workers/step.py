@@ -11,7 +11,8 @@ import os
 from typing import Any
 
 from celery import bootsteps, signals
-from django.conf import settings
+
+from dynamic_batching.conf import conf
 
 from . import runner
 
@@ -30,8 +31,8 @@ class DeviceStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         if not self.device:
             raise RuntimeError("a device worker needs --device (cuda:0, cpu:0, ...)")
-        models = [m for m in (self.preload or settings.DEFAULT_MODEL).split(",") if m]
-        os.environ.setdefault("DEVICE_COUNT", str(max(1, len(settings.DEVICES) or 1)))
+        models = [m for m in (self.preload or conf.DEFAULT_MODEL).split(",") if m]
+        os.environ.setdefault("DEVICE_COUNT", str(max(1, len(conf.DEVICES) or 1)))
         self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)
         runner.install(self.runner)
         # The consumer's batch messages: their delivery tags are noted as they arrive.

@@ -26,8 +26,8 @@ from typing import Any
 
 from celery import Celery
 
-from tasks.protocol.names import BATCH_TASK
-from tasks.store import deliveries, shared_state
+from dynamic_batching.protocol.names import BATCH_TASK
+from dynamic_batching.store import deliveries, shared_state
 
 log = logging.getLogger(__name__)
 

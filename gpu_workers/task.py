@@ -21,7 +21,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from tasks.protocol.names import BATCH_TASK
+from dynamic_batching.protocol.names import BATCH_TASK
 
 from . import runner
 

@@ -1,4 +1,4 @@
-"""`celery -A gpu_workers.worker worker --device cuda:0 ...`: a Celery worker that runs
+"""`celery -A dynamic_batching.gpu_workers.worker worker --device cuda:0 ...`: a Celery worker that runs
 batches on one device.
 
 The project's app, with the `--device` and `--preload` options and the device's
@@ -7,11 +7,12 @@ start-up step added in this process only.
 
 from click import Option
 
-from tasks.protocol.app import get_app
+from dynamic_batching.protocol.app import configure_worker, get_app
 
 from .step import DeviceStep
 
-app = get_app()
+# This process consumes batching's queues alone: their settings apply here only.
+app = configure_worker(get_app())
 app.user_options["worker"].add(
     Option(["--device"], required=True, help="Run batches on this device (cuda:0, cpu:0, ...).")
 )

@@ -39,7 +39,7 @@ def main() -> int:
 
     from tqdm import tqdm
 
-    from tasks.edge.client import run_many, submit
+    from dynamic_batching.edge.client import run_many, submit
 
     conf = ROOT / ".run" / "supervisord.conf"
     ctl = [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf)]

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from dynamic_batching.conf import conf
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
@@ -68,6 +70,7 @@ def main() -> None:
             print(f"no Redis at 127.0.0.1:{port}: starting one there, with an append-only file in .run/redis")
     os.environ["REDIS_URL"] = url
 
+    subprocess.run([sys.executable, "manage.py", "batching_relabel", "-v", "0"], check=True)
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], check=True)
     sync_policy = [sys.executable, "manage.py", "sync_policy"]
     if redis is not None:
@@ -77,9 +80,7 @@ def main() -> None:
     else:
         subprocess.run(sync_policy, check=True)
 
-    from django.conf import settings
-
-    devices = processes.default_devices(list(settings.DEVICES))
+    devices = processes.default_devices(list(conf.DEVICES))
     os.environ["DEVICES"] = ",".join(devices)
     os.environ["DEVICE_COUNT"] = str(len(devices))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,7 +104,7 @@ def main() -> None:
         f"  Flower      http://127.0.0.1:5555/         (user {user!r}, password in .env)\n"
         f"  devices     {', '.join(devices)}\n"
         f"  broker      {url}\n"
-        f"  scripts     .venv/bin/python -c 'from tasks.edge.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
+        f"  scripts     .venv/bin/python -c 'from dynamic_batching.edge.client import submit; print(submit(\"hi\").get(timeout=30)[:4])'\n"
         f"  processes   .venv/bin/supervisorctl -c {path} status   (a process that dies is restarted)\n"
         "\n  Ctrl-C stops everything.\n",
         flush=True,

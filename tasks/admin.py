@@ -48,7 +48,7 @@ class BatchingPolicyAdmin(admin.ModelAdmin):
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         row = BatchingPolicy.objects.active()
-        return HttpResponseRedirect(reverse("admin:tasks_batchingpolicy_change", args=[row.pk]))
+        return HttpResponseRedirect(reverse("admin:dynamic_batching_batchingpolicy_change", args=[row.pk]))
 
     def save_model(self, request: HttpRequest, obj: BatchingPolicy, form: Any, change: bool) -> None:
         record = BatchingPolicy.objects.save_change(obj, user=request.user)
@@ -70,7 +70,7 @@ class BatchingPolicyAdmin(admin.ModelAdmin):
                 for c in rows
             ),
         )
-        link = reverse("admin:tasks_policychange_changelist")
+        link = reverse("admin:dynamic_batching_policychange_changelist")
         return format_html('<ul>{}</ul><a href="{}">All changes</a>', items or "none yet", link)
 
 

@@ -1,10 +1,12 @@
 from django.apps import AppConfig
 
 
-class TasksConfig(AppConfig):
-    name = "tasks"
+class BatchingConfig(AppConfig):
+    name = "dynamic_batching"
+    #: Distinctive: a host project's own app is often called `tasks`.
+    label = "dynamic_batching"
     verbose_name = "Batching"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the deploy checks
+        from . import checks  # noqa: F401 - registers the system checks

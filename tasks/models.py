@@ -1,7 +1,7 @@
 """The batching policy an operator edits in the admin, and the history of its changes.
 
 One row is the active policy: its `singleton` column is unique and can only be True.
-It validates through `tasks.core.policy.BatchPolicy`, the object the collector and the
+It validates through `dynamic_batching.core.policy.BatchPolicy`, the object the collector and the
 edge build from Redis, so the admin can never save a policy that they would refuse.
 
 Save changes with `BatchingPolicy.objects.save_change(row, user=...)`: it bumps the
@@ -21,6 +21,8 @@ from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models, transaction
 from django.utils import timezone
+
+from dynamic_batching.conf import conf
 
 from .core.policy import OVERSIZED_ACTIONS, PRIORITIES, BatchPolicy
 from .core.quota import Quota
@@ -200,7 +202,7 @@ class BatchingPolicy(models.Model):
         choices=[
             ("share", "share: slow inputs also run while others wait, up to their share of device time"),
             ("idle", "idle: slow inputs run only while nobody else waits"),
-        ],  # the same names as tasks.core.policy.SLOW_LANE_POLICIES (checked in tests)
+        ],  # the same names as dynamic_batching.core.policy.SLOW_LANE_POLICIES (checked in tests)
         default=_DEFAULT.slow_lane,
         help_text=(
             "When inputs known to be slow may take a device. 'share' always moves them, and normal traffic "
@@ -286,7 +288,7 @@ class BatchingPolicy(models.Model):
             self.to_policy()
         except ValueError as exc:
             raise ValidationError({_error_field(str(exc)): str(exc)}) from exc
-        from gpu_workers.models import model_names
+        from dynamic_batching.gpu_workers.models import model_names
 
         unknown = sorted(set(self.per_model or {}) - set(model_names()))
         if unknown:
@@ -349,7 +351,7 @@ class ClientQuotaManager(models.Manager["ClientQuota"]):
 
     def quota_for(self, user: Any, *, now: float | None = None) -> Quota:
         """The user's own row, else the most generous row among their groups, else
-        settings.DEFAULT_QUOTA."""
+        conf.DEFAULT_QUOTA."""
         now = time.monotonic() if now is None else now
         # With date_joined, a test database's reused primary key is another user.
         key = (user.pk, getattr(user, "date_joined", None))
@@ -363,7 +365,7 @@ class ClientQuotaManager(models.Manager["ClientQuota"]):
         elif rows:
             quota = max((r.to_quota() for r in rows), key=lambda q: (q.max_in_flight, q.rate_per_s))
         else:
-            quota = Quota.from_mapping(settings.DEFAULT_QUOTA)
+            quota = Quota.from_mapping(conf.DEFAULT_QUOTA)
         self._cache[key] = (now, quota)
         return quota
 

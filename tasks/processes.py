@@ -29,7 +29,7 @@ def collector_command(*, name: str = "collector", loglevel: str | None = None) -
     stand by to take over (tasks/store/lease.py)."""
     level = log_level(loglevel)
     return celery_command(
-        "tasks.collector.worker", "worker", "-n", f"{name}@%h", "-Q", CONTROL_QUEUE,
+        "dynamic_batching.collector.worker", "worker", "-n", f"{name}@%h", "-Q", CONTROL_QUEUE,
         "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle", "-l", level,
     )  # fmt: skip
 
@@ -42,7 +42,7 @@ def device_command(device: str, *, preload: str | None = None, loglevel: str | N
     # has finished the last, which is what makes dispatch worker-pull.
     queues = ",".join([*SHARED_BATCH_QUEUES, device_queue_name(device)])
     cmd = celery_command(
-        "gpu_workers.worker", "worker", "--device", device, "-n", f"gpu-{device.replace(':', '')}@%h", "-Q", queues,
+        "dynamic_batching.gpu_workers.worker", "worker", "--device", device, "-n", f"gpu-{device.replace(':', '')}@%h", "-Q", queues,
         "-P", "solo", "-c", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", level,
     )  # fmt: skip
     if preload:

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 from polling import poll_until
 
-from tasks.store.connection import connect
+from dynamic_batching.conf import conf
+from dynamic_batching.store.connection import connect
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -39,12 +40,11 @@ def live_system() -> Iterator[object]:
 def bare_redis() -> Iterator[object]:
     """A Redis with no collector or device worker behind it, this process pointed at it
     for one test: what is submitted stays queued. Points back where it was afterwards."""
-    from django.conf import settings
 
     from batching_site.celery import app
     from batching_site.harness import LocalSystem
 
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     system = LocalSystem()
     try:
         system.start_redis()
@@ -67,13 +67,12 @@ def bare_redis() -> Iterator[object]:
 def bare_runner() -> Iterator[object]:
     """A DeviceRunner on its own Redis (no collector, no other device), so its
     heartbeat and outcomes touch nothing else."""
-    from django.conf import settings
 
     from batching_site.celery import app
     from batching_site.harness import LocalSystem
-    from gpu_workers.runner import DeviceRunner
+    from dynamic_batching.gpu_workers.runner import DeviceRunner
 
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     system = LocalSystem()
     runner = None
     try:
@@ -91,7 +90,7 @@ def bare_runner() -> Iterator[object]:
 
 @pytest.fixture
 def redis_client(live_system: object):  # type: ignore[no-untyped-def]
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
     return shared_state.client()
 
@@ -100,8 +99,8 @@ def apply_policy(policy: object, *, timeout: float = 5.0) -> object:
     """Publish `policy` under a fresh version, wait until the running collector's
     heartbeat shows that version, and make this process's client read it at once.
     Returns the policy as published."""
-    from tasks.edge import client
-    from tasks.store import shared_state
+    from dynamic_batching.edge import client
+    from dynamic_batching.store import shared_state
 
     current = shared_state.read_collector() or {}
     version = max(shared_state.read_policy().version, int(current.get("policy_version") or 0)) + 1
@@ -117,7 +116,7 @@ def wait_for_collector_policy(version: int, *, timeout: float = 5.0) -> float:
     (time.monotonic()), or fails the test after `timeout` seconds."""
     import time
 
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
     poll_until(
         lambda: (shared_state.read_collector() or {}).get("policy_version") == version,
@@ -132,9 +131,9 @@ def restore_policy(live_system: object) -> Iterator[None]:
     """The live system is shared by every test file: put the default policy back after
     a test that changes it, and wait until the collector runs it again."""
     yield
-    from tasks.core.policy import BatchPolicy
-    from tasks.edge import client
-    from tasks.store import shared_state
+    from dynamic_batching.core.policy import BatchPolicy
+    from dynamic_batching.edge import client
+    from dynamic_batching.store import shared_state
 
     shared_state.publish_policy(BatchPolicy())
     client._policy._read_at = float("-inf")
@@ -156,3 +155,16 @@ def threads_not_lingering() -> Iterator[None]:
             if t.is_alive():
                 lingering.append(t.name)
     assert not lingering, f"threads still alive after the test: {lingering}"
+
+
+@pytest.fixture
+def batching_settings(settings, monkeypatch):  # type: ignore[no-untyped-def]
+    """`batching_settings(KEY=value, ...)` sets keys of the BATCHING dict for one test,
+    with their BATCHING_<KEY> variables unset (the environment wins over the dict)."""
+
+    def set_(**values: object) -> None:
+        for key in values:
+            monkeypatch.delenv("BATCHING_" + key, raising=False)
+        settings.BATCHING = {**getattr(settings, "BATCHING", {}), **values}
+
+    return set_

@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.conf import settings
-
 from batching_site.harness import LocalSystem
-from tasks.store.connection import connect
+from dynamic_batching.conf import conf
+from dynamic_batching.store.connection import connect
 
 
 @contextmanager
 def running(system: LocalSystem, *, timeout: float = 120) -> Iterator[LocalSystem]:
     """Start `system`, point this process at its Redis, and undo both afterwards."""
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     try:
         system.start(timeout=timeout)
         connect(system.redis_url)

@@ -129,7 +129,7 @@ def build(root: Path) -> TinyModels:
 
 def batching_models(models: TinyModels, *, max_tokens: int = 64) -> dict[str, dict[str, object]]:
     """BATCHING_MODELS declaring them, as a user would."""
-    adapters = "gpu_workers.models.adapters"
+    adapters = "dynamic_batching.gpu_workers.models.adapters"
     return {
         "tiny-classifier": {
             "spec": f"{adapters}.SequenceClassifierSpec",

@@ -27,11 +27,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from tasks.core.histogram import Histogram
-from tasks.core.quota import QUOTA_LIMITS
-from tasks.metrics import REQUEST_KINDS, Snapshot
-from tasks.protocol.names import PRIORITIES
-from tasks.store.shared_state import HEARTBEAT_TTL_S
+from dynamic_batching.core.histogram import Histogram
+from dynamic_batching.core.quota import QUOTA_LIMITS
+from dynamic_batching.metrics import REQUEST_KINDS, Snapshot
+from dynamic_batching.protocol.names import PRIORITIES
+from dynamic_batching.store.shared_state import HEARTBEAT_TTL_S
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

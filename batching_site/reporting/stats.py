@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core.quota import QUOTA_LIMITS
-from tasks.metrics import REQUEST_KINDS, Snapshot
-from tasks.protocol.names import PRIORITIES
-from tasks.store.shared_state import HEARTBEAT_TTL_S
+from dynamic_batching.core.quota import QUOTA_LIMITS
+from dynamic_batching.metrics import REQUEST_KINDS, Snapshot
+from dynamic_batching.protocol.names import PRIORITIES
+from dynamic_batching.store.shared_state import HEARTBEAT_TTL_S
 
 #: A time-series sample older than this means the collector stopped sampling.
 STALE_SAMPLE_S = 5.0

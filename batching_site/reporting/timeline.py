@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import states
 
-from tasks.protocol.app import get_app
+from dynamic_batching.protocol.app import get_app
 
 
 def _timestamp(value: Any) -> float | None:

@@ -1,1 +1,1 @@
-"""Pages and the JSON API: thin translations of HTTP into calls on tasks.edge and the store."""
+"""Pages and the JSON API: thin translations of HTTP into calls on dynamic_batching.edge and the store."""

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest
 
-from tasks.core.quota import Quota, RefusalMemory
-from tasks.edge.client import submit_many
-from tasks.store import owners, shared_state
+from dynamic_batching.conf import conf
+from dynamic_batching.core.quota import Quota, RefusalMemory
+from dynamic_batching.edge.client import submit_many
+from dynamic_batching.store import owners, shared_state
 
 #: The owner of every anonymous demo request.
 ANONYMOUS = "anon"
@@ -36,16 +36,16 @@ def owner_name(user: Any) -> str:
 
 
 def may_submit(user: Any) -> bool:
-    return bool(user and user.is_authenticated and user.is_active) or settings.BATCHING_OPEN_DEMO
+    return bool(user and user.is_authenticated and user.is_active) or conf.OPEN_DEMO
 
 
 def spender(user: Any) -> tuple[str, Quota]:
     """(owner, quota) for a caller who may submit."""
     if user and user.is_authenticated:
-        from tasks.models import ClientQuota
+        from dynamic_batching.models import ClientQuota
 
         return owner_name(user), ClientQuota.objects.quota_for(user)
-    return ANONYMOUS, Quota.from_mapping(settings.ANONYMOUS_QUOTA)
+    return ANONYMOUS, Quota.from_mapping(conf.ANONYMOUS_QUOTA)
 
 
 def remember(request: HttpRequest, user: Any, task_ids: Sequence[str]) -> None:
@@ -67,7 +67,7 @@ def readable(request: HttpRequest, user: Any, task_ids: Iterable[str]) -> set[st
     if user and user.is_authenticated and user.is_active:
         me = owner_name(user)
         return {t for t, o in owners.owners_of(shared_state.client(), ids).items() if o == me}
-    if not settings.BATCHING_OPEN_DEMO:
+    if not conf.OPEN_DEMO:
         return set()
     mine = set(request.session.get(_SESSION_KEY, []))
     candidates = [t for t in ids if t in mine]

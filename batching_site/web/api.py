@@ -33,13 +33,14 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 from pydantic import TypeAdapter, create_model, field_validator, model_validator
 
-from gpu_workers.models import get_spec, model_names
-from gpu_workers.models.base import check_text
-from tasks import metrics
-from tasks.core.errors import Overloaded, QuotaExceeded
-from tasks.models import ApiToken
-from tasks.protocol.names import PRIORITIES
-from tasks.store import owners, shared_state
+from dynamic_batching import metrics
+from dynamic_batching.conf import conf
+from dynamic_batching.core.errors import Overloaded, QuotaExceeded
+from dynamic_batching.gpu_workers.models import get_spec, model_names
+from dynamic_batching.gpu_workers.models.base import check_text
+from dynamic_batching.models import ApiToken
+from dynamic_batching.protocol.names import PRIORITIES
+from dynamic_batching.store import owners, shared_state
 
 from ..reporting import stats, timeline
 from . import access
@@ -217,7 +218,7 @@ def _model_out(name: str) -> dict[str, Any]:
     spec = get_spec(name)
     return {
         "name": name,
-        "default": name == settings.DEFAULT_MODEL,
+        "default": name == conf.DEFAULT_MODEL,
         "max_tokens": spec.max_tokens,
         "input": TypeAdapter(spec.input_type).json_schema(),
         "output": TypeAdapter(spec.output_type).json_schema(),

@@ -20,9 +20,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from tasks import metrics
-from tasks.models import ApiToken
-from tasks.protocol.names import PRIORITIES
+from dynamic_batching import metrics
+from dynamic_batching.conf import conf
+from dynamic_batching.models import ApiToken
+from dynamic_batching.protocol.names import PRIORITIES
 
 from ..reporting import prometheus, timeline
 from . import access
@@ -42,7 +43,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
-    if not request.user.is_authenticated and not settings.BATCHING_OPEN_DEMO:
+    if not request.user.is_authenticated and not conf.OPEN_DEMO:
         return redirect_to_login(request.get_full_path())
     try:
         if not access.may_read(request, request.user, str(request_id)):

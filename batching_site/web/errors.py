@@ -10,7 +10,7 @@ import redis
 from django.http import HttpResponse
 from kombu.exceptions import OperationalError
 
-from tasks.core.errors import Overloaded, RequestTooLarge
+from dynamic_batching.core.errors import Overloaded, RequestTooLarge
 
 from .access import NotLoggedIn
 

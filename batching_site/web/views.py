@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 
 import redis
-from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from gpu_workers.models import get_spec, model_names
-from tasks.models import BatchingPolicy
-from tasks.protocol.app import get_app
-from tasks.protocol.names import PRIORITIES
-from tasks.store import clock, redis_memory, shared_state
+from dynamic_batching.conf import conf
+from dynamic_batching.gpu_workers.models import get_spec, model_names
+from dynamic_batching.models import BatchingPolicy
+from dynamic_batching.protocol.app import get_app
+from dynamic_batching.protocol.names import PRIORITIES
+from dynamic_batching.store import clock, redis_memory, shared_state
 
 from ..reporting import timeline
 from . import access
@@ -34,7 +34,7 @@ def index(request: HttpRequest) -> HttpResponse:
         models.append(
             {
                 "name": name,
-                "default": name == settings.DEFAULT_MODEL,
+                "default": name == conf.DEFAULT_MODEL,
                 "hint": spec.input_description + ("" if takes_text else " Type it as JSON."),
                 "example": spec.input_example if takes_text else json.dumps(spec.input_example),
             }
@@ -82,7 +82,7 @@ def submit_form(request: HttpRequest) -> JsonResponse:
 
 def _takes_text(model: object) -> bool:
     try:
-        return get_spec(model if isinstance(model, str) else settings.DEFAULT_MODEL).input_type is str
+        return get_spec(model if isinstance(model, str) else conf.DEFAULT_MODEL).input_type is str
     except (ValueError, TypeError):
         return True  # an unknown model: the submit path says so
 
@@ -90,7 +90,7 @@ def _takes_text(model: object) -> bool:
 @require_GET
 def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
     """The page's poll: the owner's (or staff's) request; 404 for anybody else."""
-    if not request.user.is_authenticated and not settings.BATCHING_OPEN_DEMO:
+    if not request.user.is_authenticated and not conf.OPEN_DEMO:
         return JsonResponse({"detail": "log in to read requests"}, status=401)
     try:
         allowed = access.may_read(request, request.user, str(request_id))

@@ -2,7 +2,7 @@
 process loads once, and starting a worker as a real process.
 
 The baselines run the same MiniLM runner as our device workers
-(`gpu_workers.models`), so a difference in the numbers is the serving around the
+(`dynamic_batching.gpu_workers.models`), so a difference in the numbers is the serving around the
 model, never the model call itself.
 """
 
@@ -46,7 +46,7 @@ def model() -> Any:
     on first use in a process that is not a pool child."""
     global _model
     if _model is None:
-        from gpu_workers.models import get_spec
+        from dynamic_batching.gpu_workers.models import get_spec
 
         # TORCH_THREADS in the worker's environment sets the threads per process.
         _model = get_spec("minilm").load("cpu")

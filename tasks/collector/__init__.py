@@ -1,1 +1,1 @@
-"""The batch collector: takes requests, forms batches with tasks.core, sends them to the devices."""
+"""The batch collector: takes requests, forms batches with dynamic_batching.core, sends them to the devices."""

@@ -8,7 +8,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
+from dynamic_batching.conf import conf
 
 from ..core.errors import RequestLost
 from ..protocol.names import PRIORITIES, SHARED_BATCH_QUEUES, device_queue_name
@@ -82,7 +82,7 @@ def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:
     `RequestLost` once it has been queued again `LEDGER_ATTEMPTS` times (the rule is in
     tasks/store/ledger.py)."""
     now = clock.now() if now is None else now
-    overdue = ledger.overdue(r, now - settings.LEDGER_GRACE_S)
+    overdue = ledger.overdue(r, now - conf.LEDGER_GRACE_S)
     if not overdue:
         return
     tiers = {task_id: (raw, request_queues.queue_of(raw)) for task_id, _, raw in overdue}
@@ -93,14 +93,12 @@ def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:
     )
     again, give_up = [], []
     for task_id, attempts in zip(missing, ledger.count_attempts(r, missing), strict=True):
-        (again if attempts <= settings.LEDGER_ATTEMPTS else give_up).append((task_id, attempts))
+        (again if attempts <= conf.LEDGER_ATTEMPTS else give_up).append((task_id, attempts))
     for task_id, attempts in again:
         log.warning("request %s was accepted but went missing; queuing it again (attempt %d)", task_id, attempts)
     request_queues.republish(r, [(tiers[t][1], t, tiers[t][0]) for t, _ in again])  # type: ignore[misc]
     if give_up:
-        log.error(
-            "giving up on %d request(s) that went missing more than %d times", len(give_up), settings.LEDGER_ATTEMPTS
-        )
+        log.error("giving up on %d request(s) that went missing more than %d times", len(give_up), conf.LEDGER_ATTEMPTS)
         c.outcomes.write([Outcome(t, error=RequestLost(t, n), details={"lost": True}) for t, n in give_up])
     c.stats["republished"] = c.stats.get("republished", 0) + len(again)
     c.stats["given_up"] = c.stats.get("given_up", 0) + len(give_up)

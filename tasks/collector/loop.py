@@ -35,7 +35,8 @@ import socket
 import threading
 
 from celery import Celery
-from django.conf import settings
+
+from dynamic_batching.conf import conf
 
 from .. import metrics
 from ..core.clock import Clock, MonotonicClock
@@ -90,8 +91,8 @@ class Collector:
         self.next_sweep = 0.0
         self.hostname = socket.gethostname()
         self.redis = shared_state.client()
-        self.lease = Lease(self.redis, settings.COLLECTOR_LEASE_S)
-        self.outbox = Outbox(app, self.redis, lease=self.lease, dispatch=settings.COLLECTOR_DISPATCH)
+        self.lease = Lease(self.redis, conf.COLLECTOR_LEASE_S)
+        self.outbox = Outbox(app, self.redis, lease=self.lease, dispatch=conf.COLLECTOR_DISPATCH)
 
     # The dispatch mode and the devices' names belong to the outbox; these let a test
     # or a benchmark set them on the collector.
@@ -228,7 +229,7 @@ class Collector:
             return
         sched = self.schedulers.get(request.model)
         if sched is None:
-            costs = self.slots.costs_of(request.model) if settings.COST_PACKING else None
+            costs = self.slots.costs_of(request.model) if conf.COST_PACKING else None
             sched = self.schedulers[request.model] = Scheduler(
                 self.policy.for_model(request.model), self.clock.now, costs=costs
             )

@@ -6,7 +6,8 @@ import uuid
 from typing import Any
 
 from celery import Celery
-from django.conf import settings
+
+from dynamic_batching.conf import conf
 
 from ..core.scheduler import Batch
 from ..protocol import events as flower_events
@@ -67,7 +68,7 @@ class Outbox:
         argsrepr = [rounds.shown(b) for b in bodies]
         queues = [self.queue(b["lane"]) for b in bodies]
         events = None
-        if settings.CELERY_TASK_SEND_SENT_EVENT:
+        if conf.TASK_SENT_EVENTS:
             sent = [(b["batch_id"], r) for b, r in zip(bodies, argsrepr, strict=True)]
             events = flower_events.sent(self.app, BATCH_TASK, sent, queues)
         if len(bodies) == 1:

@@ -2,9 +2,9 @@
 
 When the collector has more than one batch to send in the same turn (several devices
 freed at once, a burst after a quiet spell, a device joining), it sends them as a chord:
-the header is a group of `gpu_workers.run_batch` tasks, each on the queue it would have
-had alone (`batches`, or a device queue), and the body is `tasks.round_done`, which runs
-on the collector worker (queue `collector.control`) once every batch of the round has
+the header is a group of `batching.run_batch` tasks, each on the queue it would have
+had alone (`batching.batches`, or a device queue), and the body is `batching.round_done`, which runs
+on the collector worker (queue `batching.collector.control`) once every batch of the round has
 returned. It records the round (tasks/store/rounds.py), newest first:
 
     {"round_id", "batches", "requests", "sizes", "devices", "run_ms",

@@ -13,7 +13,8 @@ import threading
 from typing import Any
 
 from celery import bootsteps
-from django.conf import settings
+
+from dynamic_batching.conf import conf
 
 from ..store.lease import LeaseLost
 from .loop import Collector
@@ -30,8 +31,8 @@ class CollectorStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         collector = Collector(
             worker.app,
-            window=settings.COLLECTOR_WINDOW,
-            batches_ahead=settings.COLLECTOR_BATCHES_AHEAD,
+            window=conf.COLLECTOR_WINDOW,
+            batches_ahead=conf.COLLECTOR_BATCHES_AHEAD,
         )
         self.thread = threading.Thread(target=self._run, args=(collector,), name="collector", daemon=True)
         self.thread.start()

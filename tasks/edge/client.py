@@ -1,6 +1,6 @@
 """The client API: submit inputs, get Celery AsyncResults back.
 
-    from tasks.edge.client import submit
+    from dynamic_batching.edge.client import submit
     vector = submit("a sentence").get(timeout=10)        # 384 floats for minilm
     score = submit(["a query", "a passage"], model="reranker").get(timeout=10)
     vectors = gather(submit_many(texts), timeout=30)     # many answers, one wait
@@ -24,9 +24,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery.result import AsyncResult, ResultSet, assert_will_not_block
-from django.conf import settings
 
-from gpu_workers.models import get_spec
+from dynamic_batching.conf import conf
+from dynamic_batching.gpu_workers.models import get_spec
 
 from .. import metrics
 from ..core.errors import DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
@@ -180,7 +180,7 @@ def _queue(
             model=model,
             deadline_s=deadline_s,
             policy=policy,
-            default_model=settings.DEFAULT_MODEL,
+            default_model=conf.DEFAULT_MODEL,
         )
         for t in inputs
     ]
@@ -195,7 +195,7 @@ def _queue(
             (task_id, wire.task_message(app, REQUEST_TASK, task_id, [req.to_message()], queue, argsrepr=argsrepr))
         )
         shown.append((task_id, argsrepr))
-    sent = settings.CELERY_TASK_SEND_SENT_EVENT and settings.BATCHING_REQUEST_EVENTS
+    sent = conf.TASK_SENT_EVENTS and conf.REQUEST_EVENTS
     events = flower_events.sent(app, REQUEST_TASK, shown, queue) if sent else None
     # The cap check, the ledger record, the push of every message and their task-sent
     # events: one round trip.
@@ -211,7 +211,7 @@ def _queue(
         events,
         owner=owner,
         quota=quota,
-        keep_s=in_flight_s + settings.CELERY_RESULT_EXPIRES,
+        keep_s=in_flight_s + conf.RESULT_EXPIRES_S,
         in_flight_s=in_flight_s,
     )
     if not admitted.accepted:

@@ -12,7 +12,7 @@ import math
 
 from celery import shared_task
 
-from gpu_workers.models import get_spec
+from dynamic_batching.gpu_workers.models import get_spec
 
 from ..core.errors import RequestTooLarge
 from ..core.policy import PRIORITIES, BatchPolicy

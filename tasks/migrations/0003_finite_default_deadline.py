@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks", "0002_apitoken"),
+        ("dynamic_batching", "0002_apitoken"),
     ]
 
     operations = [

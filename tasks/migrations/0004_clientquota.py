@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("auth", "0012_alter_user_first_name_max_length"),
-        ("tasks", "0003_finite_default_deadline"),
+        ("dynamic_batching", "0003_finite_default_deadline"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks", "0004_clientquota"),
+        ("dynamic_batching", "0004_clientquota"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks", "0005_apitoken_expiry"),
+        ("dynamic_batching", "0005_apitoken_expiry"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks", "0006_per_model_limits"),
+        ("dynamic_batching", "0006_per_model_limits"),
     ]
 
     operations = [

@@ -1,6 +1,6 @@
 """Task events for request tasks, so Flower shows each request's whole life.
 
-A request is a Celery task message (`tasks.request`) that no Celery worker executes:
+A request is a Celery task message (`batching.request`) that no Celery worker executes:
 the collector takes it and a device worker answers it inside a batch task. So the
 events a worker would have sent are sent by the processes that do the work, each as
 one `task.multi` message (Celery's own format for batched events), PUBLISHed in the

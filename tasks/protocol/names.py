@@ -15,19 +15,23 @@ __all__ = ["PRIORITIES"]
 # --- Celery task names -------------------------------------------------------------------
 
 #: One request: a Celery task message that the collector consumes itself.
-REQUEST_TASK = "tasks.request"
+REQUEST_TASK = "batching.request"
 #: One batch, run by whichever device worker is free.
-BATCH_TASK = "gpu_workers.run_batch"
+BATCH_TASK = "batching.run_batch"
 #: Callback of a chord of batches sent in one collector turn (tasks/collector/rounds.py).
-ROUND_TASK = "tasks.round_done"
+ROUND_TASK = "batching.round_done"
 
 # --- queues --------------------------------------------------------------------------------
 
+#: Every batching queue's name starts with this, so none meets a host project's own
+#: queue (`batches` and `requests.high` are names a host may well use).
+QUEUE_PREFIX = "batching."
+
 #: collector -> any device worker.
-BATCH_QUEUE = "batches"
+BATCH_QUEUE = QUEUE_PREFIX + "batches"
 #: Batches of the slow lane (tasks/core/slowlane.py): inputs known to be slow, one per
 #: batch. Their own queue, so Flower (and anyone) can filter them out by queue.
-SLOW_BATCH_QUEUE = "batches.slow"
+SLOW_BATCH_QUEUE = QUEUE_PREFIX + "batches.slow"
 #: Every queue of shared batch work a device worker pulls from.
 SHARED_BATCH_QUEUES: tuple[str, ...] = (BATCH_QUEUE, SLOW_BATCH_QUEUE)
 
@@ -38,19 +42,19 @@ def batch_queue_name(lane: str) -> str:
 
 
 #: device workers -> collector ("done", "yielding", "slow", "hello").
-EVENTS_QUEUE = "collector.events"
+EVENTS_QUEUE = QUEUE_PREFIX + "collector.events"
 #: Celery's own queue for the collector worker (remote control, round_done).
-CONTROL_QUEUE = "collector.control"
+CONTROL_QUEUE = QUEUE_PREFIX + "collector.control"
 
 
 def request_queue_name(priority: str) -> str:
     """client -> collector, one queue per priority tier."""
-    return f"requests.{priority}"
+    return f"{QUEUE_PREFIX}requests.{priority}"
 
 
 def device_queue_name(device: str) -> str:
     """collector -> one pinned device. Queue names become Redis keys: no ':'."""
-    return "device." + device.replace(":", "")
+    return QUEUE_PREFIX + "device." + device.replace(":", "")
 
 
 # --- Redis keys ------------------------------------------------------------------------------
@@ -65,6 +69,14 @@ def held_key(priority: str) -> str:
     """Hash: request id -> message, taken by the collector and not yet in a batch."""
     return f"{PREFIX}held:{priority}"
 
+
+#: kombu's Redis transport keeps unacked messages in a hash, indexed by a sorted set and
+#: swept under a lock, by default under names every consumer of the database shares.
+#: The batching workers use their own (protocol/app.py configure_worker): their 30 s
+#: visibility timeout then restores only batching's messages, never a host task's.
+UNACKED_KEY = PREFIX + "unacked"
+UNACKED_INDEX_KEY = PREFIX + "unacked_index"
+UNACKED_MUTEX_KEY = PREFIX + "unacked_mutex"
 
 #: Sorted set: accepted request id -> when it was (re)published (tasks/store/ledger.py).
 LEDGER_KEY = PREFIX + "ledger"

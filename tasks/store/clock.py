@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django.conf import settings
+from dynamic_batching.conf import conf
 
 from .connection import client, on_connect
 
@@ -87,7 +87,7 @@ def _redis_time() -> float:
 def _host_clock() -> float:
     # CLOCK_SKEW_S shifts this process's notion of its host's clock: for tests that
     # stand a worker on a host whose clock is off (settings.py).
-    return time.time() + settings.CLOCK_SKEW_S
+    return time.time() + conf.CLOCK_SKEW_S
 
 
 _clock = RedisClock(local=_host_clock)

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from django.conf import settings
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from dynamic_batching.conf import conf
 
 from ..protocol.app import get_app
 
@@ -38,7 +39,7 @@ def retrying() -> dict[str, Any]:
 
 def backend_url(redis_url: str) -> str:
     """The result backend setting for `redis_url`: Celery's Redis backend, retrying."""
-    return f"tasks.store.result_backend:RetryingRedisBackend+{redis_url}"
+    return f"dynamic_batching.store.result_backend:RetryingRedisBackend+{redis_url}"
 
 
 _clients: dict[str, redis.Redis] = {}
@@ -48,7 +49,7 @@ _on_connect: list[Callable[[], None]] = []
 
 def client(url: str | None = None) -> redis.Redis:
     """One thread-safe client (and connection pool) per Redis URL per process."""
-    url = url or settings.REDIS_URL
+    url = url or conf.REDIS_URL
     with _clients_lock:
         if url not in _clients:
             _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30, **retrying())
@@ -61,7 +62,7 @@ def connect(redis_url: str) -> None:
     from kombu import pools
 
     app = get_app()
-    settings.REDIS_URL = redis_url
+    conf.set(REDIS_URL=redis_url)
     app.conf.broker_url = redis_url
     app.conf.result_backend = backend_url(redis_url)
     # Forget connections made to any earlier address. app.pool comes from kombu's

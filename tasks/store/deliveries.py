@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import redis
 
-from ..protocol.names import redeliveries_key, taken_key
+from ..protocol.names import UNACKED_KEY, redeliveries_key, taken_key
 
 #: A counter outlives any redelivery by far; it only has to outlive the batch.
 KEEP_S = 3600
@@ -54,10 +54,6 @@ def held(r: redis.Redis, holder: str) -> list[str]:
     pipe.smembers(taken_key(holder))
     pipe.delete(taken_key(holder))
     return sorted(t.decode() if isinstance(t, bytes) else t for t in pipe.execute()[0])
-
-
-#: Where kombu's Redis transport keeps unacked messages (its default `unacked_key`).
-UNACKED_KEY = "unacked"
 
 
 def nowhere(r: redis.Redis, batch_ids: Sequence[str], queues: Sequence[str]) -> list[str]:

@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery.app.base import Celery
-from django.conf import settings
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+from dynamic_batching.conf import conf
 
 from ..protocol import lua
 from ..protocol.names import (
@@ -87,7 +88,7 @@ class OutcomeWriter:
                 LEDGER_ATTEMPTS_KEY,
                 owner_key(o.task_id),
                 backend.encode(result_meta(o, backend, done)),
-                int(expires or settings.CELERY_RESULT_EXPIRES),
+                int(expires or conf.RESULT_EXPIRES_S),
                 o.task_id,
                 IN_FLIGHT_PREFIX,
                 REPLIES_PREFIX,

@@ -20,12 +20,12 @@ from systems import running
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
-from gpu_workers.models import get_spec, synthetic
-from tasks.core.errors import DeadlineExceeded, Overloaded, RequestTooLarge
-from tasks.core.policy import BatchPolicy
-from tasks.edge.client import details, submit, submit_many
-from tasks.protocol.names import PRIORITIES, request_queue_name
-from tasks.store import request_queues, shared_state
+from dynamic_batching.core.errors import DeadlineExceeded, Overloaded, RequestTooLarge
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.client import details, submit, submit_many
+from dynamic_batching.gpu_workers.models import get_spec, synthetic
+from dynamic_batching.protocol.names import PRIORITIES, request_queue_name
+from dynamic_batching.store import request_queues, shared_state
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("live_system", "restore_policy")]
 
@@ -192,13 +192,13 @@ def test_run_alone_runs_an_oversized_request_in_a_batch_of_its_own() -> None:
 @pytest.fixture(scope="module")
 def without_preemption() -> Any:
     """Two devices that never run a waiting batch between a long one's layers
-    (PREEMPTION=0, gpu_workers/preempt.py): only then do busy devices leave requests
+    (BATCHING_PREEMPTION=0, gpu_workers/preempt.py): only then do busy devices leave requests
     queued at the collector, as every device without layers does."""
     with running(
         LocalSystem(
             devices=["cpu:0", "cpu:1"],
             preload="synthetic",
-            env={"PREEMPTION": "0", "SYNTHETIC_PER_TOKEN_S": "0.00005"},
+            env={"BATCHING_PREEMPTION": "0", "SYNTHETIC_PER_TOKEN_S": "0.00005"},
         )
     ) as system:
         yield system

@@ -10,10 +10,11 @@ import pytest
 from django.test import Client
 from polling import poll_until
 
-from gpu_workers.models import synthetic
-from tasks.core.policy import BatchPolicy
-from tasks.models import ApiToken
-from tasks.protocol.names import reply_key
+from dynamic_batching.conf import conf
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.models import ApiToken
+from dynamic_batching.protocol.names import reply_key
 
 pytestmark = pytest.mark.django_db
 
@@ -150,9 +151,9 @@ def test_bad_ids_are_422(api: Client) -> None:
 
 
 def test_a_full_queue_is_429_with_retry_after(api: Client, user, bare_redis) -> None:  # type: ignore[no-untyped-def]
-    from tasks.edge import client
-    from tasks.models import ClientQuota
-    from tasks.store import shared_state
+    from dynamic_batching.edge import client
+    from dynamic_batching.models import ClientQuota
+    from dynamic_batching.store import shared_state
 
     # One client may fill a whole tier only if its quota says so (tests/live/test_quotas.py).
     ClientQuota.objects.create(user=user, tier_share=1.0)
@@ -167,12 +168,11 @@ def test_a_full_queue_is_429_with_retry_after(api: Client, user, bare_redis) -> 
 
 
 def test_an_unreachable_broker_is_503_not_500(api: Client) -> None:
-    from django.conf import settings
 
     from batching_site.harness import free_port
-    from tasks.store.connection import connect
+    from dynamic_batching.store.connection import connect
 
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     connect(f"redis://127.0.0.1:{free_port()}/0")
     try:
         assert post(api, {"text": "hi", "model": "synthetic"}).status_code == 503
@@ -227,8 +227,8 @@ def test_submit_many_and_read_each_result_with_its_timeline(live_system, api: Cl
 
 @pytest.mark.live
 def test_a_pending_request_reads_as_pending(live_system, api: Client, user) -> None:  # type: ignore[no-untyped-def]
-    from tasks.protocol.names import owner_key
-    from tasks.store import shared_state
+    from dynamic_batching.protocol.names import owner_key
+    from dynamic_batching.store import shared_state
 
     # A request of this user's that no device has answered yet (as admission records it).
     request_id = str(uuid.uuid4())
@@ -242,10 +242,10 @@ def test_an_answer_holding_nan_reads_as_json_with_null(live_system, api: Client,
     # A model of the host project's may answer NaN; Celery stores it as NaN, which is
     # not JSON: a browser's JSON.parse would refuse the whole response.
     from batching_site.celery import app
-    from tasks.protocol.names import owner_key
-    from tasks.protocol.results import Outcome
-    from tasks.store import shared_state
-    from tasks.store.outcomes import OutcomeWriter
+    from dynamic_batching.protocol.names import owner_key
+    from dynamic_batching.protocol.results import Outcome
+    from dynamic_batching.store import shared_state
+    from dynamic_batching.store.outcomes import OutcomeWriter
 
     request_id = str(uuid.uuid4())
     shared_state.client().set(owner_key(request_id), f"normal|user:{user.pk}", ex=60)

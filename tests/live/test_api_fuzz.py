@@ -29,8 +29,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpu_workers.models import model_names
-from tasks.models import ApiToken
+from dynamic_batching.gpu_workers.models import model_names
+from dynamic_batching.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from django.test import Client
 from django.urls import URLResolver, get_resolver
 from django.utils import timezone
 
-from gpu_workers.models import model_names
-from tasks.models import ApiToken
+from dynamic_batching.gpu_workers.models import model_names
+from dynamic_batching.models import ApiToken
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 

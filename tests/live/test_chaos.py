@@ -26,14 +26,14 @@ from webapi import api_token, http
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
-from gpu_workers.models import synthetic
-from tasks.core.errors import RequestLost, WorkerCrashed
-from tasks.core.policy import BatchPolicy
-from tasks.edge.client import details, submit, submit_many
-from tasks.edge.intake import accept
-from tasks.protocol import wire
-from tasks.protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, REQUEST_TASK, request_queue_name
-from tasks.store import ledger, shared_state
+from dynamic_batching.core.errors import RequestLost, WorkerCrashed
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.client import details, submit, submit_many
+from dynamic_batching.edge.intake import accept
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, REQUEST_TASK, request_queue_name
+from dynamic_batching.store import ledger, shared_state
 
 pytestmark = pytest.mark.live
 
@@ -53,7 +53,7 @@ def chaos_system() -> Iterator[LocalSystem]:
             web=True,
             flower=True,
             env={
-                "VISIBILITY_TIMEOUT_S": "4",
+                "BATCHING_VISIBILITY_TIMEOUT_S": "4",
                 "SYNTHETIC_OVERHEAD_S": "0.004",
                 "SYNTHETIC_PER_TOKEN_S": "0.0006",
             },
@@ -312,7 +312,7 @@ def test_slow_inputs_are_isolated_and_remembered(chaos_system: LocalSystem) -> N
 
 def test_broken_device_opens_its_circuit_and_healthy_devices_answer(chaos_system: LocalSystem) -> None:
     BROKEN = f"cpu:2@{socket.gethostname()}"  # noqa: N806 - the device id its heartbeat uses
-    chaos_system.start_device("cpu:2", env={"SYNTHETIC_BROKEN": "1", "CIRCUIT_COOLDOWN_S": "2"})
+    chaos_system.start_device("cpu:2", env={"SYNTHETIC_BROKEN": "1", "BATCHING_CIRCUIT_COOLDOWN_S": "2"})
     try:
         chaos_system.wait_ready(3)
         texts = [f"circuit test {i} " + "w " * (i % 11) for i in range(300)]

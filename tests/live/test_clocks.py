@@ -20,9 +20,9 @@ from systems import running
 from webapi import api_token, http
 
 from batching_site.harness import LocalSystem
-from gpu_workers.models import synthetic
-from tasks.edge.client import details
-from tasks.store import shared_state
+from dynamic_batching.edge.client import details
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.store import shared_state
 
 pytestmark = pytest.mark.live
 
@@ -41,7 +41,7 @@ def skewed(seconds: int) -> dict[str, str]:
 def skewed_system() -> Iterator[LocalSystem]:
     if not os.path.exists(LIBFAKETIME):
         pytest.skip(f"no libfaketime at {LIBFAKETIME}: `apt-get install -y faketime` (make test does it)")
-    skews = {"gpu-cpu1": {"CLOCK_SKEW_S": "-11"}, "web": skewed(-70)}
+    skews = {"gpu-cpu1": {"BATCHING_CLOCK_SKEW_S": "-11"}, "web": skewed(-70)}
     with running(LocalSystem(devices=["cpu:0", "cpu:1"], web=True, program_env=skews)) as system:
         yield system
 

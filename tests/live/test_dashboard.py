@@ -12,7 +12,8 @@ from polling import poll_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from batching_site.reporting import timeline
-from tasks.edge.client import submit
+from dynamic_batching.conf import conf
+from dynamic_batching.edge.client import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -118,12 +119,11 @@ def test_metrics_is_prometheus_text_without_global_registry_state(admin_client: 
 
 
 def test_metrics_says_503_when_the_broker_is_down(admin_client: Client) -> None:
-    from django.conf import settings
 
     from batching_site.harness import free_port
-    from tasks.store.connection import connect
+    from dynamic_batching.store.connection import connect
 
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     connect(f"redis://127.0.0.1:{free_port()}/0")
     try:
         assert admin_client.get("/metrics").status_code == 503

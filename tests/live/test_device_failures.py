@@ -16,18 +16,19 @@ from celery.result import AsyncResult
 from kombu import Queue
 
 from batching_site.celery import app
-from gpu_workers import resend
-from gpu_workers import runner as runner_module
-from gpu_workers.models import synthetic
-from gpu_workers.runner import DeviceRunner
-from gpu_workers.taken import Taken
-from gpu_workers.task import run_batch
-from tasks.collector import housekeeping
-from tasks.core.errors import ModelUnavailable, WorkerCrashed
-from tasks.core.slots import Slots
-from tasks.protocol import wire
-from tasks.protocol.names import BATCH_QUEUE, redeliveries_key
-from tasks.store import deliveries, ledger, shared_state
+from dynamic_batching.collector import housekeeping
+from dynamic_batching.core.errors import ModelUnavailable, WorkerCrashed
+from dynamic_batching.core.slots import Slots
+from dynamic_batching.gpu_workers import resend
+from dynamic_batching.gpu_workers import runner as runner_module
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.gpu_workers.runner import DeviceRunner
+from dynamic_batching.gpu_workers.taken import Taken
+from dynamic_batching.gpu_workers.task import run_batch
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.app import transport_options
+from dynamic_batching.protocol.names import BATCH_QUEUE, redeliveries_key
+from dynamic_batching.store import deliveries, ledger, shared_state
 
 
 def outcome(request: dict[str, Any]) -> AsyncResult:
@@ -199,7 +200,8 @@ def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhe
     held, popped, waiting = (batch_of([text]) for text in ("held", "popped", "waiting"))
     for b in (held, popped, waiting):
         resend.resend(app, b, b["batch_id"])
-    with app.connection_for_read() as conn:
+    # As a device worker's consumer takes it: under batching's own unacked keys.
+    with app.connection_for_read(transport_options=transport_options()) as conn:
         assert Queue(BATCH_QUEUE).bind(conn.default_channel).get(no_ack=False) is not None  # held, unacked
         r.rpop(BATCH_QUEUE)  # popped, and its device died
         ids = [b["batch_id"] for b in (held, popped, waiting)]

@@ -12,10 +12,10 @@ from polling import poll_until
 from systems import running
 
 from batching_site.harness import LocalSystem
-from gpu_workers.models import synthetic
-from tasks.edge.client import submit
-from tasks.protocol.names import taken_key
-from tasks.store import shared_state
+from dynamic_batching.edge.client import submit
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol.names import taken_key
+from dynamic_batching.store import shared_state
 
 pytestmark = pytest.mark.live
 
@@ -25,7 +25,7 @@ VISIBILITY_TIMEOUT_S = 30
 @pytest.fixture(scope="module")
 def one_slow_device() -> Iterator[LocalSystem]:
     # Every batch takes 2 s, so a kill lands while the device holds one.
-    env = {"VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S), "SYNTHETIC_OVERHEAD_S": "2"}
+    env = {"BATCHING_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S), "SYNTHETIC_OVERHEAD_S": "2"}
     with running(LocalSystem(devices=["cpu:0"], preload="synthetic", env=env), timeout=180) as system:
         yield system
 

@@ -14,13 +14,13 @@ from celery.result import AsyncResult
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
 from batching_site.processes import default_devices, device_command
-from gpu_workers.models import synthetic
-from gpu_workers.models.base import BatchRunner
-from gpu_workers.runner import DeviceRunner
-from tasks.collector.loop import Collector
-from tasks.core.errors import InferenceError
-from tasks.edge.client import details
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
+from dynamic_batching.collector.loop import Collector
+from dynamic_batching.core.errors import InferenceError
+from dynamic_batching.edge.client import details
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.gpu_workers.models.base import BatchRunner
+from dynamic_batching.gpu_workers.runner import DeviceRunner
+from dynamic_batching.protocol.names import BATCH_QUEUE, BATCH_TASK, SHARED_BATCH_QUEUES, device_queue_name
 
 # --- how device workers are started ----------------------------------------------------
 
@@ -28,7 +28,7 @@ from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, device_queue_name
 def test_device_worker_pulls_one_batch_at_a_time_from_shared_and_own_queue() -> None:
     cmd = device_command("cuda:1")
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
-    assert cmd[cmd.index("-Q") + 1] == "batches,batches.slow,device.cuda1"
+    assert cmd[cmd.index("-Q") + 1] == ",".join([*SHARED_BATCH_QUEUES, device_queue_name("cuda:1")])
     assert cmd[cmd.index("-P") + 1] == "solo"
     assert cmd[cmd.index("-c") + 1] == "1"
     assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"
@@ -48,7 +48,7 @@ def test_push_baseline_deals_batches_round_robin_and_pull_uses_the_shared_queue(
     assert collector.dispatch == "pull"
     assert {collector._queue() for _ in range(4)} == {BATCH_QUEUE}
     collector.dispatch = "push"
-    assert [collector._queue() for _ in range(4)] == ["device.cpu0", "device.cpu1"] * 2
+    assert [collector._queue() for _ in range(4)] == [device_queue_name("cpu:0"), device_queue_name("cpu:1")] * 2
 
 
 # --- CUDA out of memory ---------------------------------------------------------------

@@ -15,8 +15,8 @@ from systems import running
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
-from tasks.edge.client import details, submit, submit_many
-from tasks.protocol.names import BATCH_TASK, REQUEST_TASK, SLOW_BATCH_QUEUE
+from dynamic_batching.edge.client import details, submit, submit_many
+from dynamic_batching.protocol.names import BATCH_TASK, REQUEST_TASK, SLOW_BATCH_QUEUE, request_queue_name
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 
@@ -96,7 +96,7 @@ def test_request_and_batch_tasks_reach_their_final_state_in_the_event_stream(eve
     timeline = details(ok)
     assert (task.received, task.started) == (timeline["dispatched_at"], timeline["started_at"])
     # task-sent came from the edge's queuing script, with the queue it went to.
-    assert task.sent is not None and task.routing_key == "requests.normal"
+    assert task.sent is not None and task.routing_key == request_queue_name("normal")
     assert task.worker is not None and task.worker.hostname.startswith("gpu-")
     assert "PoisonInput" in events.tasks[bad.id].exception
 
@@ -133,10 +133,12 @@ def test_slow_lane_batches_show_in_flower_under_their_own_queue(events) -> None:
 
 
 @pytest.fixture
-def request_events_off(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
-    """A system started with REQUEST_EVENTS=0, and this process submitting with it too."""
-    settings.BATCHING_REQUEST_EVENTS = False
-    system = LocalSystem(devices=["cpu:0"], preload="synthetic", env={"TORCH_THREADS": "1", "REQUEST_EVENTS": "0"})
+def request_events_off(batching_settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """A system started with BATCHING_REQUEST_EVENTS=0, and this process submitting with it too."""
+    batching_settings(REQUEST_EVENTS=False)
+    system = LocalSystem(
+        devices=["cpu:0"], preload="synthetic", env={"TORCH_THREADS": "1", "BATCHING_REQUEST_EVENTS": "0"}
+    )
     with running(system, timeout=120):
         yield
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from batching_site.harness import LocalSystem
-from tasks.protocol.names import COLLECTOR_KEY, DEVICE_PREFIX
+from dynamic_batching.protocol.names import COLLECTOR_KEY, DEVICE_PREFIX
 
 pytestmark = pytest.mark.live
 
@@ -196,7 +196,12 @@ def test_a_fresh_django_project_gets_a_batched_answer_by_following_the_readme(tm
     wheel = build_wheel(section, tmp_path)
     install = shell_step(section, "pip install dist/django_dynamic_batching-0.1.0-py3-none-any.whl")
     run(python, ["-m", *install[:2], "--no-deps", "-q", str(wheel)], tmp_path, env)
-    where = run(python, ["-c", "import tasks, gpu_workers; print(tasks.__file__, gpu_workers.__file__)"], tmp_path, env)
+    where = run(
+        python,
+        ["-c", "import tasks, gpu_workers; print(tasks.__file__, dynamic_batching.gpu_workers.__file__)"],
+        tmp_path,
+        env,
+    )
     for path in where.split():
         assert Path(path).is_relative_to(tmp_path / "venv"), f"imported from {path}, not the installed wheel"
 

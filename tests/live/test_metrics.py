@@ -11,11 +11,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batching_site.reporting import prometheus, stats
-from tasks import metrics
-from tasks.core.errors import DeadlineExceeded, InferenceError
-from tasks.core.scheduler import Batch, Item
-from tasks.metrics import CollectorMetrics, Snapshot
-from tasks.protocol.results import Outcome
+from dynamic_batching import metrics
+from dynamic_batching.core.errors import DeadlineExceeded, InferenceError
+from dynamic_batching.core.scheduler import Batch, Item
+from dynamic_batching.metrics import CollectorMetrics, Snapshot
+from dynamic_batching.protocol.names import request_queue_name
+from dynamic_batching.protocol.results import Outcome
 
 
 class FakeWall:
@@ -80,7 +81,7 @@ def test_collector_sample_has_last_minute_waits_and_batch_shape() -> None:
 
 
 def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[no-untyped-def]
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
     r = shared_state.client()
     wall = FakeWall(time.time())
@@ -88,7 +89,7 @@ def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[n
     m.batch_sent(make_batch({"normal": [0.002, 0.004], "low": [0.3]}), cap=32)
     m.expired([Item(id="x", tokens=1, priority="high")])
     m.flush(r, buffered={"high": 0, "normal": 2, "low": 0})
-    r.rpush("requests.high", "a", "b", "c")  # three messages waiting in the broker
+    r.rpush(request_queue_name("high"), "a", "b", "c")  # three messages waiting in the broker
 
     batch = {"batch_id": "b1", "requests": [{"id": i, "priority": "normal"} for i in ("ok", "bad", "late", "slow")]}
     outcomes = [
@@ -108,14 +109,14 @@ def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[n
     assert snap.histograms["wait:normal"].count == 2 and snap.histograms["wait:low"].count == 1
     assert snap.histograms["fill"].count == 1
     assert snap.runs["cpu:0@test"].count == 1
-    assert snap.broker["requests.high"] == 3
+    assert snap.broker[request_queue_name("high")] == 3
     assert [e["id"] for e in snap.recent_failed] == ["bad"] and "PoisonInput" in snap.recent_failed[0]["error"]
     assert [e["id"] for e in snap.recent_slow] == ["slow"]
     assert len(snap.series) == 1 and snap.series[0]["dispatched"] == 3
 
     fams = families(prometheus.render(snap))
     assert sample_value(fams, "batching_queue_depth", priority="high", where="broker") == 3
-    assert sample_value(fams, "batching_broker_queue_length", queue="requests.high") == 3
+    assert sample_value(fams, "batching_broker_queue_length", queue=request_queue_name("high")) == 3
     assert sample_value(fams, "batching_requests", "_total", priority="normal", outcome="failed") == 1
     assert sample_value(fams, "batching_wait_seconds", "_count", priority="normal") == 2
     assert sample_value(fams, "batching_wait_seconds", "_bucket", priority="low", le="+Inf") == 1
@@ -128,7 +129,7 @@ def test_flush_record_and_read_round_trip(bare_redis) -> None:  # type: ignore[n
 
 @pytest.mark.django_db
 def test_redis_memory_on_metrics_and_healthz(admin_client, bare_redis) -> None:  # type: ignore[no-untyped-def]
-    from tasks.store import shared_state
+    from dynamic_batching.store import shared_state
 
     r = shared_state.client()
     r.config_set("maxmemory", 0)  # no limit, as under `make run`
@@ -199,7 +200,7 @@ def test_stats_rates_utilisation_and_a_breached_slo() -> None:
             "policy_version": 3,
             "costs": {"minilm": {"batch_ms": 20.0, "token_us": 500.0, "batches": 9, "used": True}},
         },
-        broker={"requests.high": 5},
+        broker={request_queue_name("high"): 5},
     )
     out = stats.build(snap, slo=stats.Slo(p99_wait_ms={"high": 250.0}, error_rate=0.01), flower_url="http://f/")
     assert out["queues"]["high"] == {"broker": 5, "collector": 2, "total": 7}
@@ -243,7 +244,7 @@ def test_stats_without_a_collector_say_so_and_do_not_crash() -> None:
 @pytest.mark.live
 @pytest.mark.django_db
 def test_metrics_show_depth_per_priority_under_load_then_completions(live_system, admin_client) -> None:  # type: ignore[no-untyped-def]
-    from tasks.edge.client import submit_many
+    from dynamic_batching.edge.client import submit_many
 
     before = metrics.read()
     # ~200 padded tokens each: at SYNTHETIC_PER_TOKEN_S=0.00005 a batch of 32 runs for

@@ -23,8 +23,8 @@ from webapi import api_token, http
 
 from batching_site.harness import LocalSystem
 from batching_site.processes import program_name
-from tasks.core.policy import BatchPolicy
-from tasks.edge.client import details, submit_many
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.client import details, submit_many
 
 pytestmark = pytest.mark.live
 
@@ -57,7 +57,7 @@ def system(tiny: TinyModels, declared: dict[str, dict[str, Any]]) -> Iterator[Lo
     path = [str(tiny.module_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {
         "BATCHING_MODELS": json.dumps(declared),
-        "DEFAULT_MODEL": "tiny-classifier",
+        "BATCHING_DEFAULT_MODEL": "tiny-classifier",
         "PYTHONPATH": os.pathsep.join(path),
         "TORCH_THREADS": "1",
     }
@@ -71,10 +71,9 @@ def system(tiny: TinyModels, declared: dict[str, dict[str, Any]]) -> Iterator[Lo
 
 
 @pytest.fixture
-def here(settings: Any, declared: dict[str, dict[str, Any]]) -> None:
+def here(batching_settings: Any, declared: dict[str, dict[str, Any]]) -> None:
     """This process submits too: it must know the same models."""
-    settings.BATCHING_MODELS = declared
-    settings.DEFAULT_MODEL = "tiny-classifier"
+    batching_settings(MODELS=declared, DEFAULT_MODEL="tiny-classifier")
 
 
 @pytest.fixture(scope="module")

@@ -22,21 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from batching_site.harness import LocalSystem, free_port
 from batching_site.processes import device_command, redis_server_command
-from gpu_workers.models import synthetic
-from tasks.edge.client import details, submit_many
-from tasks.store import shared_state
-from tasks.store.connection import connect
+from dynamic_batching.conf import conf
+from dynamic_batching.edge.client import details, submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.store import shared_state
+from dynamic_batching.store.connection import connect
 
 pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A synthetic batch of 32 short texts takes about a third of a second: long enough
 #: that a worker is killed mid-batch, short enough that the test stays well under a minute.
-HOST_ENV = {"SYNTHETIC_PER_TOKEN_S": "0.001", "SYNTHETIC_OVERHEAD_S": "0.005", "VISIBILITY_TIMEOUT_S": "5"}
+HOST_ENV = {"SYNTHETIC_PER_TOKEN_S": "0.001", "SYNTHETIC_OVERHEAD_S": "0.005", "BATCHING_VISIBILITY_TIMEOUT_S": "5"}
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Hosts:
 
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[tuple[Hosts, LocalSystem]]:
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     tmp = Path(tempfile.mkdtemp(prefix="multihost-"))
     hosts = Hosts(tmp)
     redis_proc = None
@@ -158,7 +158,7 @@ def two_hosts() -> Iterator[tuple[Hosts, LocalSystem]]:
         cmd[at:at] = sorted({h.redis_host for h in hosts.hosts} - {"127.0.0.1"})
         redis_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         url = f"redis://127.0.0.1:{port}/0"
-        system = LocalSystem(redis_url=url, devices=[], env={"VISIBILITY_TIMEOUT_S": "5"}, log_dir=str(tmp))
+        system = LocalSystem(redis_url=url, devices=[], env={"BATCHING_VISIBILITY_TIMEOUT_S": "5"}, log_dir=str(tmp))
         system._wait(lambda: system._redis().ping(), "redis", 15)
         connect(url)
         system.start_collector()

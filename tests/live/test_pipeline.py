@@ -16,12 +16,19 @@ from celery.result import AsyncResult
 from polling import poll_until
 
 from batching_site.celery import app
-from gpu_workers.models import synthetic
-from tasks.core.errors import InferenceError
-from tasks.edge.client import details, gather, run_many, submit, submit_many
-from tasks.protocol import wire
-from tasks.protocol.names import PRIORITIES, REQUEST_TASK, reply_ids, reply_key, request_queue_name
-from tasks.store import replies, request_queues
+from dynamic_batching.core.errors import InferenceError
+from dynamic_batching.edge.client import details, gather, run_many, submit, submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import (
+    EVENTS_QUEUE,
+    PRIORITIES,
+    REQUEST_TASK,
+    reply_ids,
+    reply_key,
+    request_queue_name,
+)
+from dynamic_batching.store import replies, request_queues
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=False)]
 
@@ -49,7 +56,7 @@ def assert_own_answers(texts: list[str], values: list[object]) -> None:
 
 @pytest.fixture(scope="module")
 def minilm():  # type: ignore[no-untyped-def]
-    from gpu_workers.models import get_spec
+    from dynamic_batching.gpu_workers.models import get_spec
 
     runner = get_spec("minilm").load("cpu")
     yield runner
@@ -237,7 +244,7 @@ def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(li
         "not a message at all",
     ]
     redis_client.lpush(queue, *raws)
-    redis_client.lpush("collector.events", "not an event either", json.dumps({"body": "bm90IGpzb24="}))
+    redis_client.lpush(EVENTS_QUEUE, "not an event either", json.dumps({"body": "bm90IGpzb24="}))
     redis_client.lpush(request_queues.WAKE_KEY, 1)
 
     with pytest.raises(ValueError, match="malformed request message"):

@@ -14,11 +14,11 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.urls import reverse
 
-from gpu_workers.models import synthetic
-from tasks.core.policy import BatchPolicy
-from tasks.edge.client import details, submit_many
-from tasks.models import BatchingPolicy, PolicyChange
-from tasks.store import shared_state
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.client import details, submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.models import BatchingPolicy, PolicyChange
+from dynamic_batching.store import shared_state
 
 INVALID = [
     ("max_batch_size", 0),
@@ -38,7 +38,7 @@ def form_data(row: BatchingPolicy, **changes: Any) -> dict[str, Any]:
 
 
 def change_url(row: BatchingPolicy) -> str:
-    return reverse("admin:tasks_batchingpolicy_change", args=[row.pk])
+    return reverse("admin:dynamic_batching_batchingpolicy_change", args=[row.pk])
 
 
 def test_no_migration_is_missing(db: None) -> None:
@@ -102,19 +102,19 @@ def test_admin_save_records_who_and_version(
 
 
 def test_admin_has_one_policy_and_read_only_history(admin_client: Any) -> None:
-    listing = admin_client.get(reverse("admin:tasks_batchingpolicy_changelist"))
+    listing = admin_client.get(reverse("admin:dynamic_batching_batchingpolicy_changelist"))
     row = BatchingPolicy.objects.get()
     assert listing.status_code == 302 and listing.url == change_url(row)
-    assert admin_client.get(reverse("admin:tasks_batchingpolicy_add")).status_code == 403
-    assert admin_client.get(reverse("admin:tasks_batchingpolicy_delete", args=[row.pk])).status_code == 403
+    assert admin_client.get(reverse("admin:dynamic_batching_batchingpolicy_add")).status_code == 403
+    assert admin_client.get(reverse("admin:dynamic_batching_batchingpolicy_delete", args=[row.pk])).status_code == 403
 
     row.max_wait_ms = 5.0
     change = BatchingPolicy.objects.save_change(row)
     assert change.changed_by is None
-    assert admin_client.get(reverse("admin:tasks_policychange_changelist")).status_code == 200
-    detail = admin_client.get(reverse("admin:tasks_policychange_change", args=[change.pk]))
+    assert admin_client.get(reverse("admin:dynamic_batching_policychange_changelist")).status_code == 200
+    detail = admin_client.get(reverse("admin:dynamic_batching_policychange_change", args=[change.pk]))
     assert detail.status_code == 200 and b"max_wait_ms" in detail.content
-    assert admin_client.post(reverse("admin:tasks_policychange_delete", args=[change.pk])).status_code == 403
+    assert admin_client.post(reverse("admin:dynamic_batching_policychange_delete", args=[change.pk])).status_code == 403
 
 
 def test_manager_refuses_invalid_policy_and_saves_nothing(db: None) -> None:

@@ -16,9 +16,9 @@ from systems import running
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
-from gpu_workers.models import synthetic
-from tasks.edge.client import details, submit, submit_many
-from tasks.protocol.names import BATCH_TASK
+from dynamic_batching.edge.client import details, submit, submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol.names import BATCH_TASK
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 

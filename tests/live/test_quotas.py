@@ -44,11 +44,13 @@ def test_a_flood_at_ten_times_its_quota_is_refused_while_another_token_is_served
 
 @pytest.mark.django_db
 def test_the_open_demo_gives_each_anonymous_session_its_own_requests_and_one_shared_quota(
-    system: LocalSystem, settings, django_user_model
+    system: LocalSystem, batching_settings, django_user_model
 ) -> None:  # type: ignore[no-untyped-def]
-    settings.BATCHING_OPEN_DEMO = True
-    settings.DEFAULT_MODEL = "synthetic"
-    settings.ANONYMOUS_QUOTA = {"rate_per_s": 0.5, "burst": 3, "max_in_flight": 10, "tier_share": 0.5}
+    batching_settings(
+        OPEN_DEMO=True,
+        DEFAULT_MODEL="synthetic",
+        ANONYMOUS_QUOTA={"rate_per_s": 0.5, "burst": 3, "max_in_flight": 10, "tier_share": 0.5},
+    )
     me, other = Client(), Client()
     assert me.get("/").status_code == 200
 

@@ -28,9 +28,9 @@ from systems import running
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem, free_port
-from gpu_workers.models import synthetic
-from tasks.edge.client import submit
-from tasks.store import shared_state
+from dynamic_batching.edge.client import submit
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.store import shared_state
 
 pytestmark = pytest.mark.live
 

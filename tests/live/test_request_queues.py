@@ -16,9 +16,9 @@ from kombu.transport.virtual.base import Message
 from polling import poll_until
 
 from batching_site.celery import app
-from tasks.core.quota import Quota
-from tasks.protocol import wire
-from tasks.protocol.names import (
+from dynamic_batching.core.quota import Quota
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import (
     BATCH_QUEUE,
     BATCH_TASK,
     COLLECTOR_LEASE_KEY,
@@ -26,8 +26,8 @@ from tasks.protocol.names import (
     REQUEST_TASK,
     request_queue_name,
 )
-from tasks.store import ledger, owners, request_queues, shared_state
-from tasks.store.lease import Lease, LeaseLost
+from dynamic_batching.store import ledger, owners, request_queues, shared_state
+from dynamic_batching.store.lease import Lease, LeaseLost
 
 
 def messages(priority: str, n: int, tag: str = "m") -> list[tuple[str, str]]:
@@ -58,7 +58,7 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
     payload = json.loads(raw)
     message = Message(payload, channel=app.connection_for_read().default_channel)
     assert message.headers["task"] == REQUEST_TASK and message.headers["id"] == task_id
-    assert message.delivery_info["routing_key"] == "requests.high"
+    assert message.delivery_info["routing_key"] == request_queue_name("high")
     assert message.decode() == [
         [{"input": "m 0", "priority": "high"}],
         {},
@@ -71,11 +71,11 @@ def test_a_message_reads_back_through_kombu_as_send_task_would_write_it(bare_red
 def test_admit_queues_records_and_wakes_or_refuses_all(r: Any, token: str) -> None:
     batch = messages("low", 3)
     assert request_queues.admit(r, "low", 4, batch) == (True, 0, "", 0.0)
-    assert r.llen("requests.low") == 3 and r.llen(request_queues.WAKE_KEY) == 1
+    assert r.llen(request_queue_name("low")) == 3 and r.llen(request_queues.WAKE_KEY) == 1
     assert ledger.size(r) == 3
     # Two more would pass the cap of 4: neither is queued, nothing is recorded.
     assert request_queues.admit(r, "low", 4, messages("low", 2)) == (False, 3, "tier", 0.0)
-    assert r.llen("requests.low") == 3 and ledger.size(r) == 3
+    assert r.llen(request_queue_name("low")) == 3 and ledger.size(r) == 3
     # Caps are per tier.
     assert request_queues.admit(r, "high", 4, messages("high", 2))[0]
 
@@ -92,7 +92,7 @@ def test_a_clients_rate_is_a_token_bucket_refilled_by_the_clock(r: Any) -> None:
     assert admit(4, 1000.0).accepted
     refused = admit(1, 1000.0)
     assert (refused.accepted, refused.refused_by, refused.retry_after) == (False, "rate", 0.5)
-    assert r.llen("requests.normal") == 4, "a refused request was queued"
+    assert r.llen(request_queue_name("normal")) == 4, "a refused request was queued"
     assert admit(1, 1000.5).accepted  # half a second refills one
     assert not admit(2, 1000.5).accepted
     assert admit(4, 1010.0).accepted  # refilled to the burst, no further
@@ -100,8 +100,8 @@ def test_a_clients_rate_is_a_token_bucket_refilled_by_the_clock(r: Any) -> None:
 
 
 def test_in_flight_and_share_limits_hold_until_answers_arrive(r: Any) -> None:
-    from tasks.protocol.results import Outcome
-    from tasks.store.outcomes import OutcomeWriter
+    from dynamic_batching.protocol.results import Outcome
+    from dynamic_batching.store.outcomes import OutcomeWriter
 
     quota = Quota(rate_per_s=1000, burst=1000, max_in_flight=5, tier_share=0.3)
     a, b = "user:1", "user:2"
@@ -171,7 +171,7 @@ def test_release_puts_held_requests_back_at_the_head_in_order(r: Any, token: str
 
 def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
     with app.producer_or_acquire() as producer:
-        from tasks.protocol.wire import publish_event
+        from dynamic_batching.protocol.wire import publish_event
 
         for i in range(3):
             publish_event(producer, {"kind": "done", "batch_id": f"b{i}"}, EVENTS_QUEUE)
@@ -181,7 +181,7 @@ def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
 
 
 def test_a_message_without_an_id_is_returned_but_never_held(r: Any, token: str) -> None:
-    r.lpush("requests.low", "not json at all", json.dumps({"headers": {}, "body": "e30="}))
+    r.lpush(request_queue_name("low"), "not json at all", json.dumps({"headers": {}, "body": "e30="}))
     tiers, _ = request_queues.take(r, 10, token)
     assert len(tiers["low"]) == 2
     assert request_queues.held(r)["low"] == []
@@ -212,7 +212,7 @@ def test_a_collector_without_the_lease_moves_nothing(r: Any, token: str) -> None
     stale = str(int(token) - 1)  # an earlier holder, paused past its lease
     with pytest.raises(LeaseLost):
         request_queues.take(r, 10, stale)
-    assert r.llen("requests.normal") == 3 and request_queues.held(r)["normal"] == []
+    assert r.llen(request_queue_name("normal")) == 3 and request_queues.held(r)["normal"] == []
     request_queues.take(r, 10, token)
     batch = wire.task_message(app, BATCH_TASK, "b-stale", [{"requests": []}], BATCH_QUEUE)
     with pytest.raises(LeaseLost):

@@ -13,18 +13,18 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from polling import poll_until
 
 from batching_site.celery import app
 from batching_site.harness import LocalSystem
-from gpu_workers.models import synthetic
-from tasks.collector import rounds
-from tasks.core.policy import BatchPolicy
-from tasks.edge.client import details, submit, submit_many
-from tasks.protocol.names import BATCH_QUEUE, CONTROL_QUEUE, ROUND_TASK
-from tasks.store import shared_state
-from tasks.store.connection import connect
+from dynamic_batching.collector import rounds
+from dynamic_batching.conf import conf
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.client import details, submit, submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol.names import BATCH_QUEUE, CONTROL_QUEUE, ROUND_TASK, device_queue_name
+from dynamic_batching.store import shared_state
+from dynamic_batching.store.connection import connect
 
 # --- the pure pieces -------------------------------------------------------------------
 
@@ -45,7 +45,7 @@ def test_summarize_reports_sizes_devices_and_durations() -> None:
 
 def test_round_chord_keeps_batch_queues_and_ids_and_is_json() -> None:
     bodies = [{"batch_id": f"b{i}", "model": "synthetic", "requests": []} for i in range(3)]
-    queues = [BATCH_QUEUE, BATCH_QUEUE, "device.cpu1"]
+    queues = [BATCH_QUEUE, BATCH_QUEUE, device_queue_name("cpu:1")]
     c = rounds.round_chord(app, list(zip(bodies, queues, strict=True)), {"round_id": "r", "dispatched_at": 1.0})
     assert [t.options["queue"] for t in c.tasks] == queues
     assert [t.options["task_id"] for t in c.tasks] == ["b0", "b1", "b2"]
@@ -56,8 +56,14 @@ def test_round_chord_keeps_batch_queues_and_ids_and_is_json() -> None:
     json.dumps([dict(t) for t in c.tasks])
 
 
-def test_round_done_is_routed_to_the_collector_worker() -> None:
-    assert app.amqp.router.route({}, ROUND_TASK)["queue"].name == CONTROL_QUEUE
+def test_round_done_names_its_queue_over_any_route_of_the_host() -> None:
+    # configure() adds no route: a host's catch-all route must not send it elsewhere.
+    from celery import Celery
+
+    host = Celery("host", set_as_current=False)
+    host.conf.task_routes = {"*": {"queue": "host-default"}}
+    body = rounds.round_chord(host, [({"batch_id": "b0"}, BATCH_QUEUE)], {"round_id": "r"}).body
+    assert host.amqp.router.route(dict(body.options), ROUND_TASK)["queue"].name == CONTROL_QUEUE
 
 
 # --- live --------------------------------------------------------------------------------
@@ -66,11 +72,11 @@ def test_round_done_is_routed_to_the_collector_worker() -> None:
 @pytest.fixture(scope="module")
 def late_device_system() -> Iterator[LocalSystem]:
     """Redis and the collector only; the test starts the device when it wants."""
-    previous = settings.REDIS_URL
+    previous = conf.REDIS_URL
     system = LocalSystem(
         devices=["cpu:0"],
         preload="synthetic",
-        env={"COLLECTOR_BATCHES_AHEAD": "2", "SYNTHETIC_PER_TOKEN_S": "0.0002"},
+        env={"BATCHING_COLLECTOR_BATCHES_AHEAD": "2", "SYNTHETIC_PER_TOKEN_S": "0.0002"},
     )
     try:
         system.start_redis()

@@ -12,8 +12,8 @@ import pytest
 from systems import running
 
 from batching_site.harness import LocalSystem
-from tasks.edge.client import submit_many
-from tasks.store import ledger, shared_state
+from dynamic_batching.edge.client import submit_many
+from dynamic_batching.store import ledger, shared_state
 
 pytestmark = pytest.mark.live
 
@@ -24,7 +24,7 @@ SECONDS = 15
 
 @pytest.fixture(scope="module")
 def soak_system() -> Iterator[LocalSystem]:
-    env = {"RESULT_EXPIRES_S": str(EXPIRES_S), "SYNTHETIC_PER_TOKEN_S": "0"}
+    env = {"BATCHING_RESULT_EXPIRES_S": str(EXPIRES_S), "SYNTHETIC_PER_TOKEN_S": "0"}
     with running(LocalSystem(devices=["cpu:0"], env=env)) as system:
         yield system
 

@@ -1,7 +1,7 @@
 """A cross-encoder reranker: a Hugging Face sequence classifier with one output that
 reads a (query, passage) pair together::
 
-    "rerank": {"spec": "gpu_workers.models.adapters.CrossEncoderSpec", "path": "/models/ms-marco-MiniLM"}
+    "rerank": {"spec": "dynamic_batching.gpu_workers.models.adapters.CrossEncoderSpec", "path": "/models/ms-marco-MiniLM"}
 
 Input: ``["query", "passage"]``. Answer: ``{"score": 4.2}``, the model's single logit
 (the higher, the more relevant), or its sigmoid, between 0 and 1, with ``"sigmoid": true``.

@@ -1,7 +1,7 @@
 """A sentence-transformers embedding model, from a directory or from a package that
 ships one::
 
-    "embed": {"spec": "gpu_workers.models.adapters.SentenceTransformerSpec", "path": "/models/e5-small"}
+    "embed": {"spec": "dynamic_batching.gpu_workers.models.adapters.SentenceTransformerSpec", "path": "/models/e5-small"}
 
 Input: a text. Answer: its embedding, a list of floats (L2-normalised unless
 ``normalize`` is false).

@@ -1,6 +1,6 @@
 """A Hugging Face sequence classifier (``AutoModelForSequenceClassification``)::
 
-    "sentiment": {"spec": "gpu_workers.models.adapters.SequenceClassifierSpec", "path": "/models/sentiment"}
+    "sentiment": {"spec": "dynamic_batching.gpu_workers.models.adapters.SequenceClassifierSpec", "path": "/models/sentiment"}
 
 Input: a text. Answer: ``{"label": "POS", "score": 0.93, "scores": {"NEG": 0.02, ...}}``,
 the softmax of the logits, with the labels of the model's config.json (id2label).

@@ -1,7 +1,7 @@
 """Any ``torch.nn.Module`` with a tokenizer, for what the other adapters do not cover::
 
     "mine": {
-        "spec": "gpu_workers.models.adapters.TorchModuleSpec",
+        "spec": "dynamic_batching.gpu_workers.models.adapters.TorchModuleSpec",
         "module": "my_models.encoder:build",
         "tokenizer": "/models/my-encoder",
     }

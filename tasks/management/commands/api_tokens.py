@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from tasks.models import API_TOKEN_PREFIX, ApiToken, hash_api_token
+from dynamic_batching.models import API_TOKEN_PREFIX, ApiToken, hash_api_token
 
 COLUMNS = ("id", "prefix", "user", "name", "created", "last used", "expires", "state")
 

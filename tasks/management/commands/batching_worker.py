@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks.processes import collector_command, device_command
+from dynamic_batching.processes import collector_command, device_command
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ The token is printed once, on its own line, and only its hash is stored:
     curl -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
          -d '{"text": "hello"}' http://127.0.0.1:8000/api/v1/requests
 
-It works for settings.API_TOKEN_DEFAULT_EXPIRY_DAYS days (90) unless --expires-days says
+It works for conf.API_TOKEN_DEFAULT_EXPIRY_DAYS days (90) unless --expires-days says
 otherwise; --expires-days 0 makes one that never expires. `manage.py api_tokens` lists
 and revokes tokens.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks.models import ApiToken
+from dynamic_batching.conf import conf
+from dynamic_batching.models import ApiToken
 
 
 class Command(BaseCommand):
@@ -35,12 +35,12 @@ class Command(BaseCommand):
             default=None,
             metavar="N",
             help="Days until the token stops working; 0: never. "
-            "Default: settings.API_TOKEN_DEFAULT_EXPIRY_DAYS (env API_TOKEN_DEFAULT_EXPIRY_DAYS).",
+            "Default: conf.API_TOKEN_DEFAULT_EXPIRY_DAYS (env API_TOKEN_DEFAULT_EXPIRY_DAYS).",
         )
 
     def handle(self, *args: Any, username: str, name: str, expires_days: int | None, **options: Any) -> None:
         if expires_days is None:
-            expires_days = settings.API_TOKEN_DEFAULT_EXPIRY_DAYS
+            expires_days = conf.API_TOKEN_DEFAULT_EXPIRY_DAYS
         if expires_days < 0:
             raise CommandError(
                 f"--expires-days must be 0 (never expires) or a positive number of days, got {expires_days}"

@@ -13,8 +13,8 @@ from typing import Any
 import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks.models import BatchingPolicy
-from tasks.store import shared_state
+from dynamic_batching.models import BatchingPolicy
+from dynamic_batching.store import shared_state
 
 
 class Command(BaseCommand):

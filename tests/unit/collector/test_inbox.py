@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from batching_site.celery import app
-from tasks.collector.inbox import Held, parse_event, parse_request, to_item
-from tasks.protocol import wire
-from tasks.protocol.names import EVENTS_QUEUE, REQUEST_TASK, request_queue_name
-from tasks.protocol.request import Request
+from dynamic_batching.collector.inbox import Held, parse_event, parse_request, to_item
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import EVENTS_QUEUE, REQUEST_TASK, request_queue_name
+from dynamic_batching.protocol.request import Request
 
 REQ = Request(input="hello", tokens=3, model="synthetic", priority="normal", submitted_at=100.0, deadline_at=130.0)
 
@@ -107,10 +107,10 @@ def test_parse_event_with_a_body_that_is_not_a_string() -> None:
 def test_the_collector_rejects_hostile_request_content_without_raising() -> None:
     """Fuzz of the collector's intake: every hostile message becomes that request's own
     error (or is dropped when it has no usable id), and the loop never sees an exception."""
-    from tasks.collector.loop import Collector
-    from tasks.core.clock import FakeClock
-    from tasks.core.policy import BatchPolicy
-    from tasks.core.slots import Slots
+    from dynamic_batching.collector.loop import Collector
+    from dynamic_batching.core.clock import FakeClock
+    from dynamic_batching.core.policy import BatchPolicy
+    from dynamic_batching.core.slots import Slots
 
     class Recorder:
         def __init__(self) -> None:
@@ -128,7 +128,7 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     collector.redis = None
     collector.lease = SimpleNamespace(token="1")  # type: ignore[assignment]
     acked: list[object] = []
-    import tasks.collector.loop as loop
+    import dynamic_batching.collector.loop as loop
 
     original_ack = loop.request_queues.ack
     loop.request_queues.ack = lambda r, token, items: acked.extend(items)  # type: ignore[assignment]
@@ -142,7 +142,7 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
             {"input": 5},
         ]
         for i, body in enumerate(hostile):
-            raw = wire.task_message(app, REQUEST_TASK, f"hostile-{i}", [body], "requests.normal")
+            raw = wire.task_message(app, REQUEST_TASK, f"hostile-{i}", [body], request_queue_name("normal"))
             collector._on_request(raw.encode("utf-8", "surrogatepass"), "normal")
         for raw in (b"", b"\xff\xfe", b"[]", b'{"headers": {"id": "\\ud800"}}', b"x" * 100_000):
             collector._on_request(raw, "normal")

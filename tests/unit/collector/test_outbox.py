@@ -7,11 +7,11 @@ import json
 import pytest
 
 from batching_site.celery import app
-from tasks.collector.inbox import Held
-from tasks.collector.outbox import Outbox, batch_body
-from tasks.core.scheduler import Batch, Item
-from tasks.protocol.names import BATCH_QUEUE, device_queue_name
-from tasks.protocol.request import Request
+from dynamic_batching.collector.inbox import Held
+from dynamic_batching.collector.outbox import Outbox, batch_body
+from dynamic_batching.core.scheduler import Batch, Item
+from dynamic_batching.protocol.names import BATCH_QUEUE, device_queue_name
+from dynamic_batching.protocol.request import Request
 
 
 def item(task_id: str, text: str, tokens: int, priority: str, *, slow: bool = False, at: float = 0.0) -> Item[Held]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.core.budget import fits
+from dynamic_batching.core.budget import fits
 
 
 def test_a_request_that_brings_the_batch_exactly_to_the_budget_fits() -> None:

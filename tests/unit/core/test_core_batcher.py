@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from polling import poll_until
 
-from tasks.core.batcher import DynamicBatcher
-from tasks.core.clock import FakeClock
-from tasks.core.errors import BatchOutputMismatch, DeadlineExceeded, Overloaded
-from tasks.core.policy import BatchPolicy
+from dynamic_batching.core.batcher import DynamicBatcher
+from dynamic_batching.core.clock import FakeClock
+from dynamic_batching.core.errors import BatchOutputMismatch, DeadlineExceeded, Overloaded
+from dynamic_batching.core.policy import BatchPolicy
 
 WAIT = 5.0  # the most any single bounded wait in this file may take
 QUIET = 0.05  # how long a negative check ("nothing ran") watches

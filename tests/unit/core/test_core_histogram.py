@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.core.histogram import (
+from dynamic_batching.core.histogram import (
     FINE_BOUNDS_S,
     WAIT_BOUNDS_S,
     Histogram,

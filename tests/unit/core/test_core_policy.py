@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tasks.core.policy import PRIORITIES, BatchPolicy
+from dynamic_batching.core.policy import PRIORITIES, BatchPolicy
 
 
 def test_defaults_are_valid() -> None:
@@ -23,7 +23,7 @@ def test_defaults_are_valid() -> None:
 def test_every_request_has_a_deadline_by_default() -> None:
     # A caller blocked on .get() with no timeout is always answered (DeadlineExceeded
     # at worst): the default is finite, and the admin's form starts from it.
-    from tasks.models import BatchingPolicy
+    from dynamic_batching.models import BatchingPolicy
 
     assert BatchPolicy().default_deadline_s == 300.0
     assert BatchingPolicy().default_deadline_s == 300.0

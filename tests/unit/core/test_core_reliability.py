@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from gpu_workers.watchdog import BatchTooSlow, Watchdog
-from tasks.core.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from tasks.core.clock import FakeClock
-from tasks.core.slowness import CostModel, confirms_slow, fingerprint
+from dynamic_batching.core.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from dynamic_batching.core.clock import FakeClock
+from dynamic_batching.core.slowness import CostModel, confirms_slow, fingerprint
+from dynamic_batching.gpu_workers.watchdog import BatchTooSlow, Watchdog
 
 
 def test_cost_model_uses_the_hard_limit_until_warmed_up() -> None:

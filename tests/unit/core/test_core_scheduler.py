@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.core.policy import PRIORITIES, BatchPolicy
-from tasks.core.scheduler import Batch, Item, Scheduler
-from tasks.core.slowness import CostModel
+from dynamic_batching.core.policy import PRIORITIES, BatchPolicy
+from dynamic_batching.core.scheduler import Batch, Item, Scheduler
+from dynamic_batching.core.slowness import CostModel
 
 
 class ManualClock:

@@ -11,8 +11,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from tasks.core.batcher import DynamicBatcher
-from tasks.core.policy import PRIORITIES, BatchPolicy
+from dynamic_batching.core.batcher import DynamicBatcher
+from dynamic_batching.core.policy import PRIORITIES, BatchPolicy
 
 THREADS = 32
 PER_THREAD = 200

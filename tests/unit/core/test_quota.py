@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.core.quota import Quota
+from dynamic_batching.core.quota import Quota
 
 
 def test_defaults_are_valid_and_share_is_at_least_one() -> None:
@@ -38,7 +38,7 @@ def test_from_settings_casts_and_names_unknown_fields() -> None:
 
 
 def test_a_refusal_is_remembered_for_its_window_only() -> None:
-    from tasks.core.quota import RefusalMemory
+    from dynamic_batching.core.quota import RefusalMemory
 
     now = [100.0]
     memory = RefusalMemory(clock=lambda: now[0], size=2)

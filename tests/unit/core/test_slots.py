@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.core.clock import FakeClock
-from tasks.core.slots import Slots
+from dynamic_batching.core.clock import FakeClock
+from dynamic_batching.core.slots import Slots
 
 
 def test_free_allows_one_running_and_batches_ahead_queued_per_device() -> None:

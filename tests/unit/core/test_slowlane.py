@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tasks.core.clock import FakeClock
-from tasks.core.policy import BatchPolicy
-from tasks.core.scheduler import Item
-from tasks.core.slowlane import SlowLane
+from dynamic_batching.core.clock import FakeClock
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.core.scheduler import Item
+from dynamic_batching.core.slowlane import SlowLane
 
 
 def item(i: int, *, at: float = 0.0, deadline: float | None = None) -> Item[None]:
@@ -52,7 +52,7 @@ def test_inputs_past_their_deadline_leave_the_lane() -> None:
 
 
 def test_the_admin_offers_exactly_the_lane_policies_the_core_knows() -> None:
-    from tasks.core.policy import SLOW_LANE_POLICIES
-    from tasks.models import BatchingPolicy
+    from dynamic_batching.core.policy import SLOW_LANE_POLICIES
+    from dynamic_batching.models import BatchingPolicy
 
     assert [c for c, _ in BatchingPolicy._meta.get_field("slow_lane").choices] == list(SLOW_LANE_POLICIES)

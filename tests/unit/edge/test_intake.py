@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tasks.core.policy import BatchPolicy
-from tasks.edge.intake import accept
+from dynamic_batching.core.policy import BatchPolicy
+from dynamic_batching.edge.intake import accept
 
 
 @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])

@@ -23,16 +23,16 @@ from pydantic import TypeAdapter
 from tiny_models import LABELS, Direct, TinyModels, batching_models, max_diff
 from tiny_models import build as build_tiny_models
 
-from gpu_workers.models import get_spec
-from gpu_workers.models.adapters import (
+from dynamic_batching.gpu_workers.models import get_spec
+from dynamic_batching.gpu_workers.models.adapters import (
     CrossEncoderSpec,
     SentenceTransformerSpec,
     SequenceClassifierSpec,
     TorchModuleSpec,
 )
-from gpu_workers.models.adapters.probe import largest_fitting
-from gpu_workers.models.adapters.torch_runner import PROBE_HEADROOM, TorchRunner
-from gpu_workers.models.minilm import MiniLMSpec, model_dir
+from dynamic_batching.gpu_workers.models.adapters.probe import largest_fitting
+from dynamic_batching.gpu_workers.models.adapters.torch_runner import PROBE_HEADROOM, TorchRunner
+from dynamic_batching.gpu_workers.models.minilm import MiniLMSpec, model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MAX_TOKENS = 64
@@ -265,9 +265,9 @@ def test_the_schemas_say_what_each_model_takes_and_answers(specs: dict[str, Any]
 # ---------------------------------------------------------------- configuration
 
 
-def test_the_adapters_come_from_settings(tiny: TinyModels, settings: Any) -> None:
-    settings.BATCHING_MODELS = batching_models(tiny)
-    kinds = {name: type(get_spec(name)).__name__ for name in settings.BATCHING_MODELS}
+def test_the_adapters_come_from_settings(tiny: TinyModels, batching_settings: Any) -> None:
+    batching_settings(MODELS=batching_models(tiny))
+    kinds = {name: type(get_spec(name)).__name__ for name in batching_models(tiny)}
     assert kinds == {
         "tiny-classifier": "SequenceClassifierSpec",
         "tiny-reranker": "CrossEncoderSpec",
@@ -278,7 +278,7 @@ def test_the_adapters_come_from_settings(tiny: TinyModels, settings: Any) -> Non
 
 
 def _bad(tiny: TinyModels) -> list[tuple[dict[str, Any], str]]:
-    adapters = "gpu_workers.models.adapters"
+    adapters = "dynamic_batching.gpu_workers.models.adapters"
     classifier, cross = str(tiny.classifier), str(tiny.cross_encoder)
     return [
         ({"spec": f"{adapters}.SequenceClassifierSpec", "path": "/no/such/model"}, "path: no model directory at"),
@@ -302,22 +302,22 @@ def _bad(tiny: TinyModels) -> list[tuple[dict[str, Any], str]]:
     ]
 
 
-def test_a_bad_option_stops_start_up_naming_the_setting(tiny: TinyModels, settings: Any) -> None:
+def test_a_bad_option_stops_start_up_naming_the_setting(tiny: TinyModels, batching_settings: Any) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     cases = _bad(tiny)
-    settings.BATCHING_MODELS = {f"bad{i}": config for i, (config, _) in enumerate(cases)}
+    batching_settings(MODELS={f"bad{i}": config for i, (config, _) in enumerate(cases)})
     for i, (_, says) in enumerate(cases):
         with pytest.raises(ImproperlyConfigured) as info:
             get_spec(f"bad{i}")
-        assert str(info.value).startswith(f"BATCHING_MODELS['bad{i}']: ") and says in str(info.value)
+        assert str(info.value).startswith(f"BATCHING['MODELS']['bad{i}']: ") and says in str(info.value)
 
 
 def test_specs_count_without_importing_torch(tiny: TinyModels) -> None:
     # A fresh interpreter: this one has torch loaded already.
     code = (
         "import sys\n"
-        "from gpu_workers.models import get_spec, model_names\n"
+        "from dynamic_batching.gpu_workers.models import get_spec, model_names\n"
         "for name in model_names():\n"
         "    spec = get_spec(name)\n"
         "    value = spec.validate_input(spec.input_example)\n"
@@ -343,7 +343,7 @@ def test_specs_count_without_importing_torch(tiny: TinyModels) -> None:
 def test_a_half_dtype_is_ignored_on_a_cpu_with_a_log_line(
     tiny: TinyModels, direct: Direct, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="gpu_workers.models.adapters.torch_runner"):
+    with caplog.at_level(logging.INFO, logger="dynamic_batching.gpu_workers.models.adapters.torch_runner"):
         runner = SequenceClassifierSpec(str(tiny.classifier), max_tokens=MAX_TOKENS, dtype="bfloat16").load("cpu:0")
     try:
         assert runner.dtype is None

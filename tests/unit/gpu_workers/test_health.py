@@ -3,8 +3,8 @@ each fail on their own."""
 
 from __future__ import annotations
 
-from gpu_workers.health import device_failed
-from tasks.core.errors import InferenceError
+from dynamic_batching.core.errors import InferenceError
+from dynamic_batching.gpu_workers.health import device_failed
 
 
 def own(msg: str) -> InferenceError:

@@ -1,4 +1,4 @@
-"""Tests for gpu_workers.models: the registry, MiniLM and the synthetic model.
+"""Tests for dynamic_batching.gpu_workers.models: the registry, MiniLM and the synthetic model.
 
 No broker and no Django. MiniLM is loaded once per module; everything else is
 tokenizer-only or uses the synthetic model with a fake sleep.
@@ -21,20 +21,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_workers.models import (
+from dynamic_batching.gpu_workers.models import (
     BatchRunner,
     ModelSpec,
     check_device,
     get_spec,
     model_names,
 )
-from gpu_workers.models.minilm import (
+from dynamic_batching.gpu_workers.models.minilm import (
     MiniLMRunner,
     MiniLMSpec,
     torch_device_for,
     torch_threads_for,
 )
-from gpu_workers.models.synthetic import (
+from dynamic_batching.gpu_workers.models.synthetic import (
     DEFAULT_OVERHEAD_S,
     DEFAULT_PER_TOKEN_S,
     PoisonInput,
@@ -74,15 +74,17 @@ def test_model_names() -> None:
     assert model_names() == ["minilm", "synthetic"]
 
 
-def test_models_come_from_settings_and_bad_ones_name_the_setting(settings) -> None:  # type: ignore[no-untyped-def]
+def test_models_come_from_settings_and_bad_ones_name_the_setting(batching_settings) -> None:  # type: ignore[no-untyped-def]
     from django.core.exceptions import ImproperlyConfigured
 
-    settings.BATCHING_MODELS = {
-        "tiny": {"spec": "gpu_workers.models.synthetic.SyntheticSpec"},
-        "typo": {"spec": "gpu_workers.models.nope.Spec"},
-        "not-a-spec": {"spec": "json.dumps"},
-        "bad-option": {"spec": "gpu_workers.models.minilm.MiniLMSpec", "colour": "red"},
-    }
+    batching_settings(
+        MODELS={
+            "tiny": {"spec": "dynamic_batching.gpu_workers.models.synthetic.SyntheticSpec"},
+            "typo": {"spec": "dynamic_batching.gpu_workers.models.nope.Spec"},
+            "not-a-spec": {"spec": "json.dumps"},
+            "bad-option": {"spec": "dynamic_batching.gpu_workers.models.minilm.MiniLMSpec", "colour": "red"},
+        }
+    )
     assert get_spec("tiny").name == "tiny" and model_names() == [
         "bad-option",
         "not-a-spec",
@@ -91,16 +93,16 @@ def test_models_come_from_settings_and_bad_ones_name_the_setting(settings) -> No
         "typo",
     ]
     for name, says in (
-        ("typo", "BATCHING_MODELS['typo']: cannot import spec 'gpu_workers.models.nope.Spec'"),
-        ("not-a-spec", "BATCHING_MODELS['not-a-spec']: 'json.dumps' is not a ModelSpec subclass"),
-        ("bad-option", "BATCHING_MODELS['bad-option']: TypeError:"),
+        ("typo", "BATCHING['MODELS']['typo']: cannot import spec 'dynamic_batching.gpu_workers.models.nope.Spec'"),
+        ("not-a-spec", "BATCHING['MODELS']['not-a-spec']: 'json.dumps' is not a ModelSpec subclass"),
+        ("bad-option", "BATCHING['MODELS']['bad-option']: TypeError:"),
     ):
         with pytest.raises(ImproperlyConfigured, match=re.escape(says)):
             get_spec(name)
 
 
-def test_the_test_model_exists_only_when_turned_on(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.BATCHING_TEST_MODELS = False
+def test_the_test_model_exists_only_when_turned_on(batching_settings) -> None:  # type: ignore[no-untyped-def]
+    batching_settings(TEST_MODELS=False)
     assert model_names() == ["minilm"]
     with pytest.raises(ValueError, match="is a test model and is off here.*BATCHING_TEST_MODELS=1"):
         get_spec("synthetic")
@@ -147,7 +149,7 @@ def test_import_and_count_do_not_import_torch() -> None:
     # A fresh interpreter: this test process has torch loaded already.
     code = (
         "import sys\n"
-        "import gpu_workers.models as m\n"
+        "import dynamic_batching.gpu_workers.models as m\n"
         "assert m.get_spec('minilm').count_tokens('hello world') == 4\n"
         "assert m.get_spec('minilm').truncate('one two three four', 4)[1] <= 4\n"
         "assert m.get_spec('synthetic').count_tokens('hello world') == 4\n"
@@ -176,7 +178,7 @@ def reference_model() -> SentenceTransformer:
     """An independent SentenceTransformer used as the oracle."""
     from sentence_transformers import SentenceTransformer
 
-    from gpu_workers.models.minilm import model_dir
+    from dynamic_batching.gpu_workers.models.minilm import model_dir
 
     return SentenceTransformer(str(model_dir()), device="cpu")
 

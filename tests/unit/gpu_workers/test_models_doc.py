@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils.module_loading import import_string
 
-from gpu_workers.models import get_spec
+from dynamic_batching.gpu_workers.models import get_spec
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "models.md"
 
@@ -74,7 +74,7 @@ def test_the_line_counts_are_the_examples_own() -> None:
     assert table() == {name: (n, code.get(name, 0)) for name, n in counted.items()}
 
 
-def test_the_example_spec_runs(tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_example_spec_runs(tmp_path: Path, batching_settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "my_models"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -83,7 +83,7 @@ def test_the_example_spec_runs(tmp_path: Path, settings: Any, monkeypatch: pytes
     for name in ("my_models", "my_models.lexicon"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     [block] = [b for b in entry_blocks() if "LexiconSpec" in b]
-    settings.BATCHING_MODELS = declared(block)
+    batching_settings(MODELS=declared(block))
 
     spec = get_spec("lexicon")
     text = spec.validate_input("A good day, not a bad one")

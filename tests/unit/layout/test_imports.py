@@ -13,40 +13,46 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("batching_site", "tasks", "gpu_workers")
+#: Folder -> its import name (pyproject.toml maps tasks/ and gpu_workers/ into one package).
+PACKAGES = {
+    "batching_site": "batching_site",
+    "tasks": "dynamic_batching",
+    "gpu_workers": "dynamic_batching.gpu_workers",
+}
 
 #: Highest first. A module may import its own layer's modules and any lower layer's.
 #: The first prefix that matches a module names its layer.
 LAYERS: list[tuple[str, ...]] = [
     ("batching_site",),
     (
-        "tasks.admin",
-        "tasks.management",
-        "tasks.models",
-        "tasks.apps",
-        "tasks.checks",
-        "tasks.migrations",
-        "tasks.processes",
+        "dynamic_batching.admin",
+        "dynamic_batching.management",
+        "dynamic_batching.models",
+        "dynamic_batching.apps",
+        "dynamic_batching.checks",
+        "dynamic_batching.relabel",
+        "dynamic_batching.migrations",
+        "dynamic_batching.processes",
     ),
-    ("tasks.collector", "tasks.edge", "gpu_workers"),
-    ("tasks.metrics",),
-    ("tasks.store",),
-    ("tasks.protocol",),
-    ("tasks.core",),
+    ("dynamic_batching.collector", "dynamic_batching.edge", "dynamic_batching.gpu_workers"),
+    ("dynamic_batching.metrics",),
+    ("dynamic_batching.store",),
+    ("dynamic_batching.protocol",),
+    ("dynamic_batching.core",),
 ]
-#: Below every layer: the settings every process reads, and the package's defaults that
-#: they take. (The Celery app module is the site's: the package reaches it only by name,
-#: through BATCHING_CELERY_APP.)
-BASE = ("batching_site.settings", "tasks.defaults")
+#: Below every layer: the settings every process reads, and the package's accessor of
+#: them. (The Celery app module is the site's: the package reaches it only by name,
+#: through BATCHING["CELERY_APP"].)
+BASE = ("batching_site.settings", "dynamic_batching.conf")
 #: The device workers' model specs sit under the edge, which counts tokens with them.
-LAYERS.insert(LAYERS.index(("tasks.metrics",)), ("gpu_workers.models",))
+LAYERS.insert(LAYERS.index(("dynamic_batching.metrics",)), ("dynamic_batching.gpu_workers.models",))
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGES[parts[0]], *parts[1:]])
 
 
 def project_modules() -> dict[str, Path]:
@@ -95,7 +101,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int | None:
-    if module in ("tasks", "gpu_workers"):
+    if module in ("dynamic_batching", "dynamic_batching.gpu_workers"):
         return 1  # the Django app's package itself: empty
     if module.startswith(BASE):
         return len(LAYERS)
@@ -159,18 +165,20 @@ def run_imports(modules: list[str], *, setup: bool) -> subprocess.CompletedProce
 
 
 PACKAGE_INITS = [
-    "tasks.core",
-    "tasks.protocol",
-    "tasks.store",
-    "tasks.metrics",
-    "tasks.edge",
-    "tasks.collector",
-    "gpu_workers",
+    "dynamic_batching.core",
+    "dynamic_batching.protocol",
+    "dynamic_batching.store",
+    "dynamic_batching.metrics",
+    "dynamic_batching.edge",
+    "dynamic_batching.collector",
+    "dynamic_batching.gpu_workers",
     "batching_site",
 ]
 
 
-@pytest.mark.parametrize("package", [*PACKAGE_INITS, "tasks.collector.worker", "gpu_workers.worker"])
+@pytest.mark.parametrize(
+    "package", [*PACKAGE_INITS, "dynamic_batching.collector.worker", "dynamic_batching.gpu_workers.worker"]
+)
 def test_each_package_imports_alone_in_a_fresh_interpreter(package: str) -> None:
     done = run_imports([package], setup=False)
     assert done.returncode == 0, done.stderr[-3000:]

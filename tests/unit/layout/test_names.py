@@ -10,7 +10,10 @@ ROOT = Path(__file__).resolve().parents[3]
 OWNER = ROOT / "tasks" / "protocol" / "names.py"
 #: String literals that name a key or a queue: "batching:...", "requests.<tier>",
 #: "collector.events" / "collector.control", "device.<name>" and the batch queue.
-STRAY = re.compile(r"""["'](batching:[\w:*<>{}-]*|requests\.(high|normal|low)|collector\.(events|control))["']""")
+STRAY = re.compile(
+    r"""["'](batching:[\w:*<>{}-]*|(batching\.)?requests\.(high|normal|low)|(batching\.)?collector\.(events|control)"""
+    r"""|batching\.(batches|device\.)[\w.]*)["']"""
+)
 
 
 def offenders(paths: list[Path]) -> list[str]:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tasks.protocol.names import reply_ids, reply_key
+from dynamic_batching.protocol.names import reply_ids, reply_key
 
 
 def test_reply_ids_are_uuids_that_name_their_group() -> None:

@@ -8,8 +8,8 @@ import pytest
 from celery import states
 
 from batching_site.celery import app
-from tasks.core.errors import Overloaded
-from tasks.protocol.results import Outcome, result_meta
+from dynamic_batching.core.errors import Overloaded
+from dynamic_batching.protocol.results import Outcome, result_meta
 
 DONE = "2025-01-02T03:04:05.000000+00:00"
 

@@ -9,8 +9,8 @@ import pytest
 from kombu.utils import json as kombu_json
 
 from batching_site.celery import app
-from tasks.protocol import wire
-from tasks.protocol.names import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
+from dynamic_batching.protocol import wire
+from dynamic_batching.protocol.names import BATCH_QUEUE, BATCH_TASK, EVENTS_QUEUE
 
 GARBAGE = [b"\xff\xfe", b"not json", b"[1, 2]", b"null", b"{}", b'{"headers": [1], "properties": [1]}']
 

@@ -19,7 +19,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from tasks.models import API_TOKEN_TOUCH_EVERY, ApiToken
+from dynamic_batching.models import API_TOKEN_TOUCH_EVERY, ApiToken
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
@@ -99,8 +99,8 @@ def test_last_use_is_written_once_a_minute_at_most(alice: User, django_assert_nu
 # --- create_api_token -------------------------------------------------------------------
 
 
-def test_create_api_token_expires_after_the_default_days(alice: User, settings: Any) -> None:
-    settings.API_TOKEN_DEFAULT_EXPIRY_DAYS = 7
+def test_create_api_token_expires_after_the_default_days(alice: User, batching_settings: Any) -> None:
+    batching_settings(API_TOKEN_DEFAULT_EXPIRY_DAYS=7)
     before = timezone.now()
     out, err = run("create_api_token", "alice", "--name", "cli")
     token = ApiToken.objects.get()
@@ -212,25 +212,27 @@ def admin_browser(db: None) -> Client:
 def test_the_changelist_lists_tokens_and_explains_there_is_no_add(
     admin_browser: Client, tokens: dict[str, ApiToken]
 ) -> None:
-    response = admin_browser.get(reverse("admin:tasks_apitoken_changelist"))
+    response = admin_browser.get(reverse("admin:dynamic_batching_apitoken_changelist"))
     assert response.status_code == 200
     page = response.content.decode()
     for token in tokens.values():
         assert token.prefix in page
         assert token.key_hash not in page
     assert "create_api_token USERNAME" in page
-    assert reverse("admin:tasks_apitoken_add") not in page
-    assert admin_browser.get(reverse("admin:tasks_apitoken_add")).status_code == 403
+    assert reverse("admin:dynamic_batching_apitoken_add") not in page
+    assert admin_browser.get(reverse("admin:dynamic_batching_apitoken_add")).status_code == 403
 
-    revoked = admin_browser.get(reverse("admin:tasks_apitoken_changelist"), {"state": "revoked"}).content.decode()
+    revoked = admin_browser.get(
+        reverse("admin:dynamic_batching_apitoken_changelist"), {"state": "revoked"}
+    ).content.decode()
     assert tokens["revoked"].prefix in revoked and tokens["working"].prefix not in revoked
-    found = admin_browser.get(reverse("admin:tasks_apitoken_changelist"), {"q": "bob"}).content.decode()
+    found = admin_browser.get(reverse("admin:dynamic_batching_apitoken_changelist"), {"q": "bob"}).content.decode()
     assert tokens["bob"].prefix in found and tokens["working"].prefix not in found
 
 
 def test_the_change_page_edits_only_name_and_expiry(admin_browser: Client, alice: User) -> None:
     token = ApiToken.objects.issue(alice, name="ci")[0]
-    response = admin_browser.get(reverse("admin:tasks_apitoken_change", args=[token.pk]))
+    response = admin_browser.get(reverse("admin:dynamic_batching_apitoken_change", args=[token.pk]))
     assert response.status_code == 200
     assert set(response.context["adminform"].form.fields) == {"name", "expires_at"}
     assert token.key_hash not in response.content.decode()
@@ -240,7 +242,7 @@ def test_the_revoke_action(admin_browser: Client, tokens: dict[str, ApiToken]) -
     chosen = [tokens["working"], tokens["revoked"]]
     revoked_at = tokens["revoked"].revoked_at
     response = admin_browser.post(
-        reverse("admin:tasks_apitoken_changelist"),
+        reverse("admin:dynamic_batching_apitoken_changelist"),
         {"action": "revoke_tokens", "_selected_action": [t.pk for t in chosen]},
         follow=True,
     )

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 
 from batching_site import processes
-from tasks.management.commands import batching_worker
+from dynamic_batching.management.commands import batching_worker
 
 
 @pytest.fixture

@@ -110,12 +110,12 @@ def test_a_bad_quota_setting_stops_manage_py_naming_it() -> None:
     )
     assert (
         result.returncode != 0
-        and "BATCHING_DEFAULT_QUOTA is not a valid quota: unknown quota field(s) rate" in result.stderr
+        and "(BATCHING_DEFAULT_QUOTA) is not a valid quota: unknown quota field(s) rate" in result.stderr
     )
 
 
 def test_an_older_celery_is_an_error_that_says_what_to_do() -> None:
-    from tasks.checks import celery_version
+    from dynamic_batching.checks import celery_version
 
     assert celery_version() == [], "the installed Celery is new enough"
     [error] = celery_version(version="5.6.3")

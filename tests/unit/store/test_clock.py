@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.store.clock import RedisClock
+from dynamic_batching.store.clock import RedisClock
 
 
 class Fake:

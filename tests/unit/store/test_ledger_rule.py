@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tasks.store.ledger import lost
+from dynamic_batching.store.ledger import lost
 
 INF = math.inf
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tasks.store.redis_memory import WARN_FRACTION, RedisMemory
+from dynamic_batching.store.redis_memory import WARN_FRACTION, RedisMemory
 
 GIB = 1 << 30
 

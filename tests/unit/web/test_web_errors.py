@@ -7,7 +7,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from batching_site.web.errors import Refusal, refusal
-from tasks.core.errors import Overloaded, RequestTooLarge
+from dynamic_batching.core.errors import Overloaded, RequestTooLarge
 
 
 @pytest.mark.parametrize(("retry_after", "header"), [(0.0, "1"), (0.2, "1"), (1.0, "1"), (2.3, "3")])
