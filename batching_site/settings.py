@@ -110,6 +110,8 @@ BATCHING = {
     "CELERY_APP": "batching_site.celery.app",
     #: make run's devices: one worker each (empty: every CUDA device, else cpu:0,cpu:1).
     "DEVICES": env.list("DEVICES", default=[]),
+    #: Where the dashboard links to Flower (`make run` starts it there, with basic auth).
+    "FLOWER_URL": env("FLOWER_URL", default="http://127.0.0.1:5555/"),
 }
 
 
@@ -173,20 +175,3 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-
-#: Where the dashboard links to Flower (`make run` starts it there, with basic auth).
-FLOWER_URL = env("FLOWER_URL", default="http://127.0.0.1:5555/")
-
-#: Service-level objectives the dashboard's SLO panel checks over the last minute; a
-#: breached one turns it red. p99 wait before dispatch per tier, in ms:
-#: SLO_P99_WAIT_MS="high=250,normal=1000,low=5000".
-SLO_P99_WAIT_MS = {
-    tier: float(ms)
-    for tier, ms in env.dict("SLO_P99_WAIT_MS", default={"high": 250, "normal": 1000, "low": 5000}).items()
-}
-#: Most (failed + expired) / finished requests.
-SLO_ERROR_RATE = env.float("SLO_ERROR_RATE", default=0.01)
-#: Most rejected (Overloaded) / offered requests.
-SLO_REJECT_RATE = env.float("SLO_REJECT_RATE", default=0.05)
-#: Fewest live device workers.
-SLO_MIN_DEVICES = env.int("SLO_MIN_DEVICES", default=1)

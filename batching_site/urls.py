@@ -1,21 +1,14 @@
-"""Every route in one flat list."""
+"""The site's routes: batching's serving surface included as any host project includes
+it (here at the root), then the site's own admin, logins and the front door's gate."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
-from .web import dashboard, gate, views
-from .web.api import api
+from . import gate
 
 urlpatterns = [
-    path("", views.index, name="index"),
-    path("healthz", views.healthz, name="healthz"),
-    path("submit", views.submit_form, name="submit"),
-    path("requests/<uuid:request_id>.json", views.request_status, name="request-status"),
-    path("requests/<uuid:request_id>", dashboard.request_detail, name="request-detail"),
-    path("dashboard/", dashboard.dashboard, name="dashboard"),
-    path("metrics", dashboard.prometheus_metrics, name="metrics"),
-    path("api/v1/", api.urls),
+    path("", include("dynamic_batching.urls")),
     path("admin/", admin.site.urls),
     path("auth/staff", gate.staff_gate, name="staff-gate"),
     # Every user's login (the admin's own login form takes staff only).

@@ -123,6 +123,17 @@ KEYS: dict[str, Key] = {
     "ANONYMOUS_QUOTA": Key({"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05}, _pairs),
     #: Days an API token works unless `create_api_token --expires-days` says otherwise; 0: never expires.
     "API_TOKEN_DEFAULT_EXPIRY_DAYS": Key(90, int, (_at_least(0), "0 or more")),
+    # --- The dashboard and its SLO panel ---------------------------------------------------
+    #: Where the dashboard links to Flower; empty: no link.
+    "FLOWER_URL": Key("", str),
+    #: p99 wait before dispatch per tier, in ms, over the last minute: "high=250,normal=1000,low=5000".
+    "SLO_P99_WAIT_MS": Key({"high": 250.0, "normal": 1000.0, "low": 5000.0}, _pairs),
+    #: Most (failed + expired) / finished requests.
+    "SLO_ERROR_RATE": Key(0.01, float, (_at_least(0), "0 or more")),
+    #: Most rejected (Overloaded) / offered requests.
+    "SLO_REJECT_RATE": Key(0.05, float, (_at_least(0), "0 or more")),
+    #: Fewest live device workers.
+    "SLO_MIN_DEVICES": Key(1, int, (_at_least(0), "0 or more")),
     # --- The collector -------------------------------------------------------------------
     #: Weigh a request's padding against a second batch's learned fixed cost.
     "COST_PACKING": Key(True, _bool),

@@ -3,7 +3,7 @@
 The admission script (tasks/protocol/lua/admit.lua) writes an owner key per request,
 "<tier>|<owner>", in the same step that queues it; the outcome script keeps it as long
 as the answer. The web asks here before it shows anybody a request
-(batching_site/web/access.py). A request with no owner key was submitted by a trusted
+(tasks/web/access.py). A request with no owner key was submitted by a trusted
 in-process caller (`submit()` from a script), or its answer has expired.
 """
 

@@ -83,17 +83,15 @@ MATRIX: dict[str, Row] = {
 }
 
 
-def url_patterns() -> set[str]:
-    """Every route of the site; an included app's routes by prefix, the admin as one."""
+def url_patterns(patterns: list | None = None, prefix: str = "") -> set[str]:
+    """Every route of the site, through every include (batching's, and the API's within
+    it), by its full pattern; the admin as one."""
     out = set()
-    for p in get_resolver().url_patterns:
-        if isinstance(p, URLResolver):
-            if p.namespace == "admin":
-                out.add(str(p.pattern))
-            else:
-                out.update(str(p.pattern) + str(sub.pattern) for sub in p.url_patterns)
+    for p in get_resolver().url_patterns if patterns is None else patterns:
+        if isinstance(p, URLResolver) and p.namespace != "admin":
+            out |= url_patterns(p.url_patterns, prefix + str(p.pattern))
         else:
-            out.add(str(p.pattern))
+            out.add(prefix + str(p.pattern))
     return out
 
 

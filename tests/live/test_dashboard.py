@@ -11,9 +11,9 @@ from django.test import Client
 from polling import poll_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from batching_site.reporting import timeline
 from dynamic_batching.conf import conf
 from dynamic_batching.edge.client import submit
+from dynamic_batching.reporting import timeline
 
 pytestmark = pytest.mark.django_db
 
@@ -35,8 +35,10 @@ def test_dashboard_needs_a_login(client: Client) -> None:
     assert response.status_code == 302 and response["Location"].startswith("/login/?next=/dashboard/")
 
 
-def test_dashboard_links_flower_from_settings_and_loads_nothing_from_outside(client, operator, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.FLOWER_URL = "https://flower.example.test/"
+def test_dashboard_links_flower_from_settings_and_loads_nothing_from_outside(
+    client, operator, batching_settings
+) -> None:  # type: ignore[no-untyped-def]
+    batching_settings(FLOWER_URL="https://flower.example.test/")
     client.force_login(operator)
     page = client.get("/dashboard/").content.decode()
     assert 'href="https://flower.example.test/"' in page

@@ -10,13 +10,13 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batching_site.reporting import prometheus, stats
 from dynamic_batching import metrics
 from dynamic_batching.core.errors import DeadlineExceeded, InferenceError
 from dynamic_batching.core.scheduler import Batch, Item
 from dynamic_batching.metrics import CollectorMetrics, Snapshot
 from dynamic_batching.protocol.names import request_queue_name
 from dynamic_batching.protocol.results import Outcome
+from dynamic_batching.reporting import prometheus, stats
 
 
 class FakeWall:

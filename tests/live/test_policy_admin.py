@@ -157,7 +157,7 @@ def test_admin_change_reaches_the_running_collector_within_a_second(
     print(f"\ncollector applied policy v1 {lag * 1000:.0f} ms after the admin's commit")
     assert lag <= 1.0
 
-    health = admin_client.get(reverse("healthz")).json()
+    health = admin_client.get(reverse("batching-healthz")).json()
     assert health["policy"] == {"active_version": 1, "published_version": 1, "collector_version": 1, "in_sync": True}
 
     texts = [f"policy check {i} " + "word " * (i % 5) for i in range(20)]

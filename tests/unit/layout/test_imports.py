@@ -24,6 +24,8 @@ PACKAGES = {
 #: The first prefix that matches a module names its layer.
 LAYERS: list[tuple[str, ...]] = [
     ("batching_site",),
+    # The serving surface a host includes: pages, the API, reports.
+    ("dynamic_batching.urls", "dynamic_batching.web", "dynamic_batching.reporting"),
     (
         "dynamic_batching.admin",
         "dynamic_batching.management",

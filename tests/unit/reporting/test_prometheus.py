@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from batching_site.reporting import prometheus
 from dynamic_batching.metrics import Snapshot
+from dynamic_batching.reporting import prometheus
 from dynamic_batching.store.redis_memory import RedisMemory
 
 GAUGES = ("batching_redis_used_memory_bytes", "batching_redis_maxmemory_bytes")

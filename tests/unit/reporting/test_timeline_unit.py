@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import states
 
-from batching_site.reporting.timeline import json_safe, timeline
+from dynamic_batching.reporting.timeline import json_safe, timeline
 
 DETAILS = {
     "priority": "high",

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import RequestFactory
 
-from batching_site.web.gate import staff_gate
+from batching_site.gate import staff_gate
 
 
 @pytest.mark.parametrize(

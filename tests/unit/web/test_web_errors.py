@@ -6,8 +6,8 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from batching_site.web.errors import Refusal, refusal
 from dynamic_batching.core.errors import Overloaded, RequestTooLarge
+from dynamic_batching.web.errors import Refusal, refusal
 
 
 @pytest.mark.parametrize(("retry_after", "header"), [(0.0, "1"), (0.2, "1"), (1.0, "1"), (2.3, "3")])

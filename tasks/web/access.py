@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
+from django.shortcuts import resolve_url
 
 from dynamic_batching.conf import conf
 from dynamic_batching.core.quota import Quota, RefusalMemory
@@ -102,9 +104,9 @@ def submit_inputs(
     deadline_s: float | None = None,
 ) -> list[str]:
     """The one submit path of the web: the form and the API both come here. Returns the
-    new ids in order, or raises what batching_site/web/errors.py maps to HTTP."""
+    new ids in order, or raises what tasks/web/errors.py maps to HTTP."""
     if not may_submit(user):
-        raise NotLoggedIn("log in to submit: /login/?next=/ (or send an API token)")
+        raise NotLoggedIn(f"log in to submit: {resolve_url(settings.LOGIN_URL)} (or send an API token)")
     owner, quota = spender(user)
     results = submit_many(
         inputs,  # type: ignore[arg-type]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import redis
+from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 from django.views.decorators.http import require_GET, require_POST
 
 from dynamic_batching.conf import conf
@@ -39,7 +40,7 @@ def index(request: HttpRequest) -> HttpResponse:
                 "example": spec.input_example if takes_text else json.dumps(spec.input_example),
             }
         )
-    return render(request, "index.html", {"priorities": PRIORITIES, "models": models})
+    return render(request, "dynamic_batching/index.html", {"priorities": PRIORITIES, "models": models})
 
 
 def _refused(exc: Exception) -> JsonResponse:
@@ -54,7 +55,7 @@ def submit_form(request: HttpRequest) -> JsonResponse:
     """Accept one text from the page; answer 202 with its id, or a 4xx with the reason.
     The same submit path and error map as the API (access.submit_inputs, errors.refusal)."""
     if not access.may_submit(request.user):
-        return _refused(access.NotLoggedIn("log in to submit: /login/?next=/"))
+        return _refused(access.NotLoggedIn(f"log in to submit: {resolve_url(settings.LOGIN_URL)}"))
     try:
         data = json.loads(request.body or b"{}") if request.content_type == "application/json" else request.POST
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -43,13 +43,13 @@ class Slo:
 
     @classmethod
     def from_settings(cls) -> Slo:
-        from django.conf import settings
+        from dynamic_batching.conf import conf
 
         return cls(
-            p99_wait_ms=dict(settings.SLO_P99_WAIT_MS),
-            error_rate=settings.SLO_ERROR_RATE,
-            reject_rate=settings.SLO_REJECT_RATE,
-            min_devices=settings.SLO_MIN_DEVICES,
+            p99_wait_ms=dict(conf.SLO_P99_WAIT_MS),
+            error_rate=conf.SLO_ERROR_RATE,
+            reject_rate=conf.SLO_REJECT_RATE,
+            min_devices=conf.SLO_MIN_DEVICES,
         )
 
 

@@ -2,7 +2,7 @@
 
 The dashboard is a static page that fetches /api/v1/stats once a second with its
 session cookie, so it needs a login. /requests/<id> shows a request only to its owner
-and staff (batching_site/web/access.py); anybody else gets 404. /metrics holds only
+and staff (tasks/web/access.py); anybody else gets 404. /metrics holds only
 aggregates, for staff: a browser session, or Prometheus with a staff user's API token
 (`authorization: {type: Bearer, credentials: bt_...}` in its scrape config).
 """
@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 from django.views.decorators.http import require_GET
 
 from dynamic_batching import metrics
@@ -36,8 +36,13 @@ log = logging.getLogger(__name__)
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(
         request,
-        "dashboard.html",
-        {"priorities": PRIORITIES, "flower_url": settings.FLOWER_URL, "series_len": metrics.SERIES_LEN},
+        "dynamic_batching/dashboard.html",
+        {
+            "priorities": PRIORITIES,
+            "flower_url": conf.FLOWER_URL,
+            "series_len": metrics.SERIES_LEN,
+            "login_url": resolve_url(settings.LOGIN_URL),
+        },
     )
 
 
@@ -60,7 +65,7 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
         preview = {"length": len(result), "head": [f"{x:.4f}" if isinstance(x, float) else x for x in result[:8]]}
     return render(
         request,
-        "request_detail.html",
+        "dynamic_batching/request_detail.html",
         {
             "info": info,
             "preview": preview,

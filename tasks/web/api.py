@@ -12,7 +12,7 @@ over DATA_UPLOAD_MAX_MEMORY_SIZE or a text over its limit, 422 invalid fields, 4
 full or your quota used up (with Retry-After), 503 broker unreachable.
 
 Who reads what: a request is read by its owner (the user who submitted it, by session
-or token) and by staff; batching_site/web/access.py holds every rule.
+or token) and by staff; tasks/web/access.py holds every rule.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ api = NinjaAPI(
     title="Dynamic batching API",
     version="1",
     description=__doc__ or "",
-    urls_namespace="api-v1",
+    urls_namespace="batching-api-v1",
     auth=[BearerToken(), SessionWithCsrf()],
 )
 
@@ -300,7 +300,7 @@ def get_stats(
     body = stats.build(
         metrics.read(),
         slo=stats.Slo.from_settings(),
-        flower_url=settings.FLOWER_URL,
+        flower_url=conf.FLOWER_URL,
         since=since,
     )
     recent = body["recent"]
