@@ -476,6 +476,8 @@ class DeviceRunner:
                         "preempted": self.preempt.preempted,
                         "circuit": self.health.breaker.state,
                         "circuit_trips": self.health.breaker.trips,
+                        # The models loaded here (/healthz's per-model readiness).
+                        "models": sorted(self._models),
                         "at": clock.now(),
                     },
                 )

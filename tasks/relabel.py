@@ -10,7 +10,7 @@ system check `batching.E010` stops `migrate` and says so.
 from __future__ import annotations
 
 from django.apps import apps
-from django.db import connections, transaction
+from django.db import connections
 
 OLD_LABEL = "tasks"
 LABEL = "dynamic_batching"
@@ -51,16 +51,18 @@ def relabel(using: str = "default") -> list[tuple[str, str]]:
     if not moved:
         return []
     connection = connections[using]
-    with transaction.atomic(using=using), connection.schema_editor() as editor:
+    content_types = "django_content_type" in connection.introspection.table_names()
+    models = [m._meta.model_name for m in apps.get_app_config(LABEL).get_models()]
+    # One transaction where the database has transactional DDL (PostgreSQL, SQLite); the
+    # schema editor opens it (SQLite refuses one opened around it).
+    with connection.schema_editor(atomic=True) as editor:
         for old, new in moved:
             editor.alter_db_table(None, old, new)
-        with connection.cursor() as cursor:
-            cursor.execute("UPDATE django_migrations SET app = %s WHERE app = %s", [LABEL, OLD_LABEL])
-            if "django_content_type" in connection.introspection.table_names():
-                models = [m._meta.model_name for m in apps.get_app_config(LABEL).get_models()]
-                marks = ", ".join(["%s"] * len(models))
-                cursor.execute(
-                    f"UPDATE django_content_type SET app_label = %s WHERE app_label = %s AND model IN ({marks})",
-                    [LABEL, OLD_LABEL, *models],
-                )
+        editor.execute("UPDATE django_migrations SET app = %s WHERE app = %s", [LABEL, OLD_LABEL])
+        if content_types:
+            marks = ", ".join(["%s"] * len(models))
+            editor.execute(
+                f"UPDATE django_content_type SET app_label = %s WHERE app_label = %s AND model IN ({marks})",
+                [LABEL, OLD_LABEL, *models],
+            )
     return moved

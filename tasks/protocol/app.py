@@ -44,30 +44,32 @@ TASK_MODULES = (
     "dynamic_batching.gpu_workers.task",
 )
 
-_app: Celery | None = None
+_apps: dict[str, Celery] = {}
 _lock = threading.Lock()
 _configured: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def get_app() -> Celery:
-    """The project's Celery app, imported by dotted path on first use."""
-    global _app
-    if _app is None:
-        with _lock:
-            if _app is None:
-                # Scripts in this repository may skip DJANGO_SETTINGS_MODULE; another
-                # project's processes have their own set already.
-                os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
-                path = conf.CELERY_APP
-                if not path:
-                    from django.core.exceptions import ImproperlyConfigured
+    """The project's Celery app, imported by dotted path on first use (once per path:
+    a test that names another app gets that one)."""
+    # Scripts in this repository may skip DJANGO_SETTINGS_MODULE; another project's
+    # processes have their own set already.
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+    path = conf.CELERY_APP
+    app = _apps.get(path)
+    if app is None:
+        if not path:
+            from django.core.exceptions import ImproperlyConfigured
 
-                    raise ImproperlyConfigured(
-                        'BATCHING["CELERY_APP"] names no Celery app: set it to your app\'s dotted path, '
-                        'e.g. "mysite.celery.app" (and call dynamic_batching.configure(app) in that module)'
-                    )
-                _app = import_string(path)
-    return _app
+            raise ImproperlyConfigured(
+                'BATCHING["CELERY_APP"] names no Celery app: set it to your app\'s dotted path, '
+                'e.g. "mysite.celery.app" (and call configure(app) in that module)'
+            )
+        with _lock:
+            app = _apps.get(path)
+            if app is None:
+                app = _apps[path] = import_string(path)
+    return app
 
 
 def configure(app: Celery) -> Celery:

@@ -147,6 +147,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
         parts["devices"] = sorted(devices)
     else:
         missing.append("device worker")
+    # Per model: the live devices that hold it loaded. A model loaded nowhere is still
+    # served (a device loads it on its first batch, which then waits for the load).
+    parts["models"] = {
+        name: {"loaded_on": sorted(d for d, info in devices.items() if name in info.get("models", ()))}
+        for name in model_names()
+    }
     # Saved in the admin, published to Redis (what the edge and collector read), and
     # applied by the collector: whichever lags shows where a policy change is stuck.
     # No row yet (sync_policy not run) means the defaults, version 0.
