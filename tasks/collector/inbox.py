@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..core.scheduler import Item
@@ -56,9 +57,23 @@ def to_item(task_id: str, request: Request, *, now: float, wall: float, slow: bo
 
 
 def parse_event(raw: bytes) -> dict[str, Any] | None:
-    """A device's event as a dict, or None for anything that is not one."""
+    """A device's event as a dict whose fields have the types the collector reads, or
+    None for anything that is not one. Anyone who can write to the broker can put a
+    message on the events queue: a field of the wrong type must cost that one event,
+    never the collector (it once did: `float(run_ms)` raised in the loop)."""
     try:
         body = wire.body(raw)
     except ValueError:
         return None
-    return body if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return None
+    if body.get("kind") != "done":
+        return body
+    try:
+        run_ms = float(body.get("run_ms") or 0)
+        padded = int(body.get("padded_tokens") or 0)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not (math.isfinite(run_ms) and run_ms >= 0 and padded >= 0) or not isinstance(body.get("batch_id"), str):
+        return None
+    return {**body, "run_ms": run_ms, "padded_tokens": padded, "lane": str(body.get("lane") or "normal")}

@@ -243,9 +243,10 @@ class Collector:
             return
         kind = body.get("kind")
         if kind == "done":
-            run_s = float(body.get("run_ms") or 0) / 1000
-            self.slots.done(body.get("batch_id"), int(body.get("padded_tokens") or 0), run_s)
-            self.slow_lane.ran(str(body.get("lane") or "normal"), run_s)
+            # parse_event checked these fields' types.
+            run_s = body["run_ms"] / 1000
+            self.slots.done(body["batch_id"], body["padded_tokens"], run_s)
+            self.slow_lane.ran(body["lane"], run_s)
         elif kind == "yielding":
             # The device runs other batches inside this one now: send it the next.
             self.slots.yielded(body.get("batch_id"))

@@ -28,7 +28,7 @@ from dynamic_batching.protocol.names import (
     reply_key,
     request_queue_name,
 )
-from dynamic_batching.store import replies, request_queues
+from dynamic_batching.store import replies, request_queues, shared_state
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=False)]
 
@@ -245,6 +245,12 @@ def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(li
     ]
     redis_client.lpush(queue, *raws)
     redis_client.lpush(EVENTS_QUEUE, "not an event either", json.dumps({"body": "bm90IGpzb24="}))
+    # Issue 41, finding 11: eight `done` events whose fields have the wrong types once
+    # restarted the collector (its pid changed). Its pid must stay.
+    pid = shared_state.read_collector(redis_client)["pid"]
+    for run_ms in ("abc", None, [], {}, "nan", -1, "1e999", True):
+        bad = {"kind": "done", "batch_id": str(uuid.uuid4()), "run_ms": run_ms, "padded_tokens": "x"}
+        redis_client.lpush(EVENTS_QUEUE, wire.event_message(bad, EVENTS_QUEUE))
     redis_client.lpush(request_queues.WAKE_KEY, 1)
 
     with pytest.raises(ValueError, match="malformed request message"):
@@ -256,3 +262,7 @@ def test_malformed_request_messages_get_an_error_and_never_stop_the_collector(li
     assert submit("after the bad messages", model="synthetic").get(timeout=30) == synthetic.embed(
         "after the bad messages"
     )
+    # The events were read (the answer above came through the same loop), and the same
+    # collector read them.
+    assert redis_client.llen(EVENTS_QUEUE) == 0
+    assert shared_state.read_collector(redis_client)["pid"] == pid

@@ -80,8 +80,10 @@ def test_to_item_without_deadline_from_the_future_and_slow() -> None:
 
 
 def test_parse_event_returns_the_event_dict() -> None:
-    event = {"kind": "done", "batch_id": "b1", "padded_tokens": 40, "run_ms": 12}
+    event = {"kind": "done", "batch_id": "b1", "padded_tokens": 40, "run_ms": 12, "lane": "slow"}
     assert parse_event(wire.event_message(event, EVENTS_QUEUE).encode()) == event
+    hello = {"kind": "hello", "device": "cpu:0"}
+    assert parse_event(wire.event_message(hello, EVENTS_QUEUE).encode()) == hello
 
 
 @pytest.mark.parametrize(
@@ -154,3 +156,28 @@ def test_the_collector_rejects_hostile_request_content_without_raising() -> None
     # Each hostile request with an id is answered with its own error and struck off.
     assert sorted(collector.outcomes.written) == sorted(f"hostile-{i}" for i in (0, 2, 3, 4, 5))  # type: ignore[attr-defined]
     assert len(acked) == 5
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"run_ms": "abc"},
+        {"run_ms": None, "padded_tokens": [1]},
+        {"run_ms": "nan"},
+        {"run_ms": -5},
+        {"padded_tokens": "many"},
+        {"batch_id": 7},
+        {"batch_id": None},
+        {"run_ms": "1e999"},
+    ],
+)
+def test_finding_11_a_malformed_done_event_is_dropped_not_fatal(fields: dict) -> None:
+    event = {"kind": "done", "batch_id": "b1", "run_ms": 3.5, "padded_tokens": 40, **fields}
+    assert parse_event(wire.event_message(event, EVENTS_QUEUE).encode()) is None
+
+
+def test_a_done_event_reads_back_with_the_types_the_collector_uses() -> None:
+    event = {"kind": "done", "batch_id": "b1", "run_ms": "3.5", "padded_tokens": 40.0}
+    parsed = parse_event(wire.event_message(event, EVENTS_QUEUE).encode())
+    assert parsed is not None
+    assert (parsed["run_ms"], parsed["padded_tokens"], parsed["lane"]) == (3.5, 40, "normal")
