@@ -256,11 +256,20 @@ class DeviceRunner:
         """Each request's result or its own error. A model that cannot load answers
         every request with an error naming the model and this device (health.judge
         bounces the batch when that error blames the device, such as out of memory)."""
+        loading = time.monotonic()
         try:
             runner = self.model(model)
         except Exception as exc:  # noqa: BLE001 - becomes each request's error
             log.exception("could not load model %s on %s", model, self.device_id)
             return [ModelUnavailable(model, self.device_id, f"{type(exc).__name__}: {exc}")] * len(live)
+        # A first load is the device's cost, never its inputs': the batch's bound starts
+        # once the model is there (issue 41, finding 4), though never past the point where
+        # the broker would hand its message to another device (the visibility timeout,
+        # less the hang grace). Inside a borrowed budget the lender's bound stays.
+        if self.preempt.nested_until is None:
+            began = until - conf.BATCH_HARD_LIMIT_S
+            ceiling = began + conf.VISIBILITY_TIMEOUT_S - conf.HANG_GRACE_S
+            until = max(until, min(until + time.monotonic() - loading, ceiling))
         return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until, on_part=on_part)
 
     def _came_back(

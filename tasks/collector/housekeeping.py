@@ -27,6 +27,17 @@ HOUSEKEEPING_S = 0.25
 SWEEP_EVERY_S = 5.0
 
 
+def prepare(c: Collector, r: Any) -> None:
+    """What a collector reads before it adopts what a previous one held: the policy,
+    the devices and the slow inputs, with no ledger sweep. A sweep before the adoption
+    would judge every held request older than LEDGER_GRACE_S lost and queue it a second
+    time (issue 41, finding 2)."""
+    c.lease.renew()
+    apply_policy(c, shared_state.read_policy(r))
+    read_devices(c, r)
+    c.slow_inputs = shared_state.slow_inputs(r)
+
+
 def run(c: Collector, r: Any, now: float) -> None:
     c.lease.renew()  # raises LeaseLost if another collector took over
     apply_policy(c, shared_state.read_policy(r))

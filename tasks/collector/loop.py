@@ -125,8 +125,10 @@ class Collector:
         try:
             # Done-events from before this collector started describe batches it never sent.
             self.redis.delete(EVENTS_QUEUE)
-            self._housekeeping(force=True)
+            # Adopt first, sweep after: what the previous collector held is ours, not lost.
+            housekeeping.prepare(self, self.redis)
             self._adopt()
+            self._housekeeping(force=True)
             log.info(
                 "collector active (lease %s): window %d per tier, %d device(s)",
                 self.lease.token,

@@ -343,3 +343,33 @@ def lose_a_request(text: str) -> tuple[str, str]:
     r.zadd(ledger.LEDGER_KEY, {task_id: time.time() - 3600})
     r.hset(ledger.PAYLOADS_KEY, task_id, raw)
     return task_id, text
+
+
+def test_finding_2_a_new_collector_adopts_what_was_held_before_it_sweeps_the_ledger(chaos_system: LocalSystem) -> None:
+    # Issue 41, finding 2. A collector took a request into its held hash long ago (its
+    # ledger entry is older than LEDGER_GRACE_S) and was killed. The collector that takes
+    # over must adopt it, not judge it lost: judged lost, it was queued a second time and
+    # its attempts counted, so each failover ran held requests twice.
+    import signal
+
+    from dynamic_batching.protocol.names import held_key
+
+    r = shared_state.client()
+    active = active_collector(chaos_system)
+    killed = (shared_state.read_collector() or {}).get("pid")
+    chaos_system.kill(active, signal.SIGSTOP)  # nothing sweeps or takes meanwhile
+    try:
+        text = "held by a collector that was killed, long ago"
+        result = submit(text, model="synthetic")
+        queue = request_queue_name("normal")
+        # What the stopped collector's take would have done: queue -> its held hash.
+        raw = r.rpop(queue)
+        assert raw is not None and wire.task_id_of(raw) == result.id
+        r.hset(held_key("normal"), result.id, raw)
+        r.zadd(ledger.LEDGER_KEY, {result.id: time.time() - 3600}, xx=True)
+    finally:
+        chaos_system.kill(active, signal.SIGKILL)
+    poll_until(lambda: (shared_state.read_collector() or {}).get("pid") not in (None, killed), "a new active collector")
+    assert result.get(timeout=ANSWERED_WITHIN_S) == synthetic.embed(text)
+    assert r.hget(LEDGER_ATTEMPTS_KEY, result.id) is None, "the new collector judged a held request lost"
+    chaos_system.wait_running(active)

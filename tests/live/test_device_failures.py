@@ -62,6 +62,33 @@ def test_a_model_that_cannot_load_answers_each_request_naming_model_and_device(
     assert bare_runner.health.breaker.failures == 0
 
 
+class SlowToLoad:
+    """The synthetic model, with a first load that takes longer than a batch may run."""
+
+    LOAD_S = 0.6
+
+    def load(self, device: str) -> Any:
+        time.sleep(self.LOAD_S)
+        return synthetic.SyntheticSpec().load(device)
+
+
+def test_finding_4_a_models_first_load_is_never_charged_to_its_batch(
+    bare_runner: DeviceRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 41, finding 4: the batch's time bound started before its model loaded, so a
+    # load plus run over BATCH_HARD_LIMIT_S handed the batch back on every device, and
+    # the third answered an innocent request WorkerCrashed without running it.
+    from dynamic_batching.conf import conf
+
+    monkeypatch.setattr(runner_module, "get_spec", lambda name: SlowToLoad())
+    batch = batch_of(["waits for its model to load"])
+    with conf.override(BATCH_HARD_LIMIT_S=SlowToLoad.LOAD_S / 3):
+        summary = bare_runner.execute(batch)
+    assert summary["written"] == 1, summary
+    [req] = batch["requests"]
+    assert outcome(req).get(timeout=5) == synthetic.embed(req["input"])
+
+
 def test_a_batch_that_comes_back_is_split_in_halves_and_nobody_is_answered_yet(bare_runner: DeviceRunner) -> None:
     batch = batch_of([f"text {i}" for i in range(7)])
     summary = bare_runner.execute(batch, redelivered=True, task_id=batch["batch_id"])
