@@ -47,12 +47,34 @@ from .watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 
+def device_id_of(device: str) -> str:
+    """The id a device worker is known by: its device on this host (cuda:0@gpu-host-3)."""
+    return f"{device}@{socket.gethostname()}"
+
+
+def claimed_by_another(device: str) -> int | None:
+    """The pid of another live worker on this host that serves `device` (its heartbeat
+    is fresh and its process exists), or None. Two workers under one device id hand each
+    other's batches back (gpu_workers/taken.py), so the second must not start."""
+    info = shared_state.read_device(device_id_of(device))
+    pid = (info or {}).get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # the worker it was died (kill -9): its successor takes over at once
+    except PermissionError:
+        pass  # alive, another user's
+    return pid
+
+
 class DeviceRunner:
     def __init__(self, app: Celery, device: str, *, preload: Sequence[str] = (), nodename: str | None = None) -> None:
         self.app = app
         self.device = device
         self.nodename = nodename
-        self.device_id = f"{device}@{socket.gethostname()}"
+        self.device_id = device_id_of(device)
         self.health = DeviceHealth(app, self.device_id, nodename)
         #: The batch messages this worker holds; what a killed predecessor held goes
         #: back to the broker now, not after the visibility timeout.

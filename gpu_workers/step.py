@@ -13,6 +13,7 @@ from typing import Any
 from celery import bootsteps, signals
 
 from dynamic_batching.conf import conf
+from dynamic_batching.core.lifetime import die_with_parent
 
 from . import runner
 
@@ -31,6 +32,15 @@ class DeviceStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         if not self.device:
             raise RuntimeError("a device worker needs --device (cuda:0, cpu:0, ...)")
+        die_with_parent()  # a worker left without its supervisor holds a device id it must not
+        other = runner.claimed_by_another(self.device)
+        if other is not None:
+            raise RuntimeError(
+                f"device {self.device} is already served on this host by worker pid {other} "
+                f"({runner.device_id_of(self.device)}): two workers under one device id hand each other's "
+                "batches back. Stop that worker first (a `make run` left behind: kill it), or start this one "
+                "for another device"
+            )
         models = [m for m in (self.preload or conf.DEFAULT_MODEL).split(",") if m]
         os.environ.setdefault("DEVICE_COUNT", str(max(1, len(conf.DEVICES) or 1)))
         self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)

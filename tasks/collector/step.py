@@ -16,6 +16,7 @@ from celery import bootsteps
 
 from dynamic_batching.conf import conf
 
+from ..core.lifetime import die_with_parent
 from ..store.lease import LeaseLost
 from .loop import Collector
 
@@ -29,6 +30,7 @@ class CollectorStep(bootsteps.StartStopStep):
         self.thread: threading.Thread | None = None
 
     def start(self, worker: Any) -> None:
+        die_with_parent()  # a collector left without its supervisor is a second active one in waiting
         collector = Collector(
             worker.app,
             window=conf.COLLECTOR_WINDOW,

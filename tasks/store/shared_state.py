@@ -82,6 +82,12 @@ def forget_device(device_id: str, r: redis.Redis | None = None) -> None:
     pipe.execute()
 
 
+def read_device(device_id: str, r: redis.Redis | None = None) -> dict[str, Any] | None:
+    """A device worker's last heartbeat, while it lives (its key's TTL), or None."""
+    raw = (r or client()).get(DEVICE_PREFIX + device_id)
+    return None if raw is None else json.loads(raw)
+
+
 def live_devices(r: redis.Redis | None = None) -> dict[str, dict[str, Any]]:
     r = r or client()
     cutoff = clock.now() - HEARTBEAT_TTL_S
