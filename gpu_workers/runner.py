@@ -346,6 +346,7 @@ class DeviceRunner:
         log.critical("device %s is hung inside a model call; handing its batch back and exiting", self.device_id)
         self._stop.set()  # no more heartbeats from a worker that cannot work
         # What it holds is handed back here, not by the worker that replaces it.
+        tag = self.taken.tag_of(running[0]["batch_id"]) if running is not None else None
         self.taken.forget()
         try:
             if running is not None:
@@ -353,6 +354,10 @@ class DeviceRunner:
                 left = self._unanswered(todo)
                 if left:
                     self._hand_back(batch, left, "h", "the device hung")
+                # The copy is out: the original must not come back too. Copy first, then
+                # settle: dying between the two runs it twice, never loses it.
+                if tag is not None:
+                    deliveries.settle(shared_state.client(), tag)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
 

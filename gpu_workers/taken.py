@@ -54,6 +54,10 @@ class Taken:
         except Exception:  # noqa: BLE001 - a stale note restores nothing: the tag is gone from the broker
             log.warning("could not release batch %s of %s", task_id, self.holder, exc_info=True)
 
+    def tag_of(self, task_id: str) -> str | None:
+        """The delivery tag this worker took `task_id` under, while it holds it."""
+        return self._tags.get(task_id)
+
     def forget(self) -> None:
         """Drop every note (a hung worker that handed its batch back itself)."""
         self._tags.clear()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import redis
 
-from ..protocol.names import UNACKED_KEY, redeliveries_key, taken_key
+from ..protocol.names import UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key, taken_key
 
 #: A counter outlives any redelivery by far; it only has to outlive the batch.
 KEEP_S = 3600
@@ -48,6 +48,19 @@ def release(r: redis.Redis, holder: str, tag: str) -> None:
     r.srem(taken_key(holder), tag)
 
 
+def settle(r: redis.Redis, tag: str) -> None:
+    """Take the unacked message under delivery tag `tag` out of the broker's keeping, as
+    kombu's own ack does (its hash and its index, in one transaction), for a holder that
+    cannot ack through its consumer: a hung worker's watchdog thread, which has already
+    published the message's replacement and is about to kill its process. Left there,
+    the visibility timeout would hand the original out again and its batch would run
+    twice (issue 41, finding 5)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.hdel(UNACKED_KEY, tag)
+    pipe.zrem(UNACKED_INDEX_KEY, tag)
+    pipe.execute()
+
+
 def held(r: redis.Redis, holder: str) -> list[str]:
     """The tags `holder` took and never released; forgets them."""
     pipe = r.pipeline(transaction=True)
@@ -62,7 +75,9 @@ def nowhere(r: redis.Redis, batch_ids: Sequence[str], queues: Sequence[str]) -> 
     gap between BRPOP and kombu's unacked write). Their requests are lost."""
     if not batch_ids:
         return []
-    pipe = r.pipeline(transaction=False)
+    # One transaction: a batch moving from a queue to the unacked hash between the two
+    # reads must not look lost (issue 41, finding 12).
+    pipe = r.pipeline(transaction=True)
     pipe.hvals(UNACKED_KEY)
     for queue in queues:
         pipe.lrange(queue, 0, -1)

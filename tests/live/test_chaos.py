@@ -373,3 +373,42 @@ def test_finding_2_a_new_collector_adopts_what_was_held_before_it_sweeps_the_led
     assert result.get(timeout=ANSWERED_WITHIN_S) == synthetic.embed(text)
     assert r.hget(LEDGER_ATTEMPTS_KEY, result.id) is None, "the new collector judged a held request lost"
     chaos_system.wait_running(active)
+
+
+def test_finding_5_a_hung_workers_batch_comes_back_once_not_twice(chaos_system: LocalSystem) -> None:
+    # Issue 41, finding 5. The hung worker hands its batch back as a `.h` copy and dies;
+    # its original message, left unacked, came back after the visibility timeout and
+    # ran again while the copy was being searched. The broker must not redeliver it.
+    from dynamic_batching.protocol.names import SHARED_BATCH_QUEUES, UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key
+    from dynamic_batching.store import deliveries
+
+    r = shared_state.client()
+    texts = [f"finding 5, input {i}" for i in range(4)]
+    texts[1] = "finding 5 !hang"
+    results = submit_many(texts, model="synthetic")
+    originals = set()
+    for t, res in zip(texts, results, strict=True):
+        if "!hang" not in t:
+            assert res.get(timeout=120) == synthetic.embed(t)
+            batch_id = details(res)["batch_id"]
+            assert ".h" in batch_id, f"{t!r} was answered in {batch_id}, not in the hung batch's copy"
+            originals.add(batch_id.split(".")[0])
+    # Proof that the broker's restore sweep has looked past the original's time: a
+    # sentinel entry put in the unacked hash now, after the original was taken, on a
+    # queue of its own. Once the sweep has restored the sentinel, it would have restored
+    # the original too.
+    sentinel = wire.kombu_queue("batching.test.finding5")
+    with app.connection_for_write() as conn:
+        sentinel(conn.default_channel).declare()
+    payload = {"body": "", "headers": {}, "properties": {"delivery_info": {}, "priority": 0}}
+    tag = f"finding5-{uuid.uuid4()}"
+    r.hset(UNACKED_KEY, tag, json.dumps([payload, sentinel.exchange.name, sentinel.routing_key]))
+    r.zadd(UNACKED_INDEX_KEY, {tag: time.time()})
+    poll_until(lambda: r.llen(sentinel.name) == 1, "the restore sweep to pass the sentinel", timeout=30)
+    # The original is nowhere: not queued again, not taken again, never redelivered.
+    assert sorted(deliveries.nowhere(r, sorted(originals), list(SHARED_BATCH_QUEUES))) == sorted(originals)
+    assert [b for b in originals if r.get(redeliveries_key(b))] == [], "the original came back after its copy"
+    with pytest.raises(WorkerCrashed):
+        results[1].get(timeout=120)
+    r.delete(sentinel.name)
+    chaos_system.wait_ready(2)
