@@ -252,4 +252,3 @@ def test_the_collector_sends_the_requests_of_a_vanished_batch_back_at_once(bare_
     housekeeping.recover_vanished(collector, r, [lost["batch_id"]])  # type: ignore[arg-type]
     assert r.zscore(ledger.LEDGER_KEY, request_id) == 0.0
     assert collector.next_sweep == 0.0 and slots.requests == {}, "swept now, and forgotten"
-
