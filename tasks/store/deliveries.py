@@ -16,6 +16,7 @@ at once (gpu_workers/taken.py).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
 import redis
@@ -26,13 +27,18 @@ from ..protocol.names import UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key, t
 KEEP_S = 3600
 
 
-def count(r: redis.Redis, task_id: str) -> int:
-    """Count one more redelivery of `task_id`; returns how many there have been."""
+def count(r: redis.Redis, task_id: str, *, nonce: str | None = None) -> int:
+    """Count one more redelivery of `task_id`; returns how many there have been.
+
+    Each call counts once even if the client runs it twice (a retried command whose
+    reply was lost; issue 41, finding 3): it adds its own nonce to a set and counts the
+    set, all in one transaction."""
     key = redeliveries_key(task_id)
-    pipe = r.pipeline(transaction=False)
-    pipe.incr(key)
+    pipe = r.pipeline(transaction=True)
+    pipe.sadd(key, nonce or uuid.uuid4().hex)
     pipe.expire(key, KEEP_S)
-    return int(pipe.execute()[0])
+    pipe.scard(key)
+    return int(pipe.execute()[2])
 
 
 def hold(r: redis.Redis, holder: str, tag: str) -> None:

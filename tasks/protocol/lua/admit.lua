@@ -10,13 +10,21 @@
 --       11 owner keys' expiry (s), 12 in-flight expiry (an absolute time),
 --       13 how many topics, the topics, then (id, message) pairs.
 -- Returns {accepted, a count (depth before, or the owner's), refused by ('' when
--- accepted), retry after (ms)}.
+-- accepted), retry after (ms)}. Safe to run twice for one call (see below).
 local depth = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[2])
 local now = tonumber(ARGV[2])
 local owner = ARGV[4]
 local ntopics = tonumber(ARGV[13])
 local first = 14 + ntopics
 local n = (#ARGV - first + 1) / 2
+-- A second run of the same call (the client retried a command whose reply was lost)
+-- leaves what the first run did: it admitted these requests if their first one is in
+-- the ledger, or, answered meanwhile, still has its owner key. Request ids are fresh
+-- for every call, so the first one marks the call.
+if n > 0 and (redis.call('HEXISTS', KEYS[4], ARGV[first]) == 1
+        or (owner ~= '' and redis.call('EXISTS', KEYS[11]) == 1)) then
+    return {1, depth, '', 0}
+end
 if depth + n > tonumber(ARGV[1]) then
     return {0, depth, 'tier', 0}
 end
