@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from celery import Celery
 
 from dynamic_batching.protocol.names import BATCH_TASK, batch_queue_name
+from dynamic_batching.store import clock, ledger, shared_state
+
+log = logging.getLogger(__name__)
 
 
 def resend(app: Celery, batch: dict[str, Any], task_id: str) -> None:
-    """Back on its lane's shared queue."""
+    """Back on its lane's shared queue, its requests' ledger entries touched: handed on,
+    not lost. Untouched, a long bisection passed the ledger's grace and the sweep queued
+    its batch-mates and its slow input again while the search went on (issue 41,
+    finding 8)."""
     app.send_task(BATCH_TASK, args=[batch], task_id=task_id, queue=batch_queue_name(batch.get("lane", "normal")))
+    ids = [r["id"] for r in batch.get("requests", ())]
+    try:
+        ledger.touch(shared_state.client(), ids, clock.now())
+    except redis.RedisError:  # the message is out; an untouched entry only risks a late re-queue
+        log.warning("could not touch the ledger for batch %s", task_id, exc_info=True)
 
 
 def part(batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str) -> dict[str, Any]:

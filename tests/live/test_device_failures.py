@@ -252,3 +252,16 @@ def test_the_collector_sends_the_requests_of_a_vanished_batch_back_at_once(bare_
     housekeeping.recover_vanished(collector, r, [lost["batch_id"]])  # type: ignore[arg-type]
     assert r.zscore(ledger.LEDGER_KEY, request_id) == 0.0
     assert collector.next_sweep == 0.0 and slots.requests == {}, "swept now, and forgotten"
+
+
+def test_finding_8_a_batch_handed_back_restarts_its_requests_ledger_clock(bare_runner: DeviceRunner) -> None:
+    # Issue 41, finding 8: hand-backs, bounces and splits published new messages without
+    # touching the ledger, so a long bisection passed LEDGER_GRACE_S and the sweep queued
+    # the batch-mates and the slow input again mid-search.
+    r = shared_state.client()
+    batch = batch_of(["one", "two", "three"])
+    ids = [req["id"] for req in batch["requests"]]
+    r.zadd(ledger.LEDGER_KEY, dict.fromkeys(ids, 1.0))  # accepted long ago
+    bare_runner._hand_back(batch, batch["requests"][:2], "r", "its batch used up its time bound")
+    bare_runner.health.bounce({**batch, "requests": batch["requests"][2:]})
+    assert all(r.zscore(ledger.LEDGER_KEY, i) > time.time() - 60 for i in ids), "the ledger still saw them as lost"
