@@ -50,6 +50,7 @@ def run(c: Collector, r: Any, now: float) -> None:
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
         c.slow_inputs = shared_state.slow_inputs(r)
+        c.adopt()  # anything held that this collector does not know, before judging it lost
         sweep_ledger(c, r)
     buffered = heartbeat(c, r)
     c.metrics.flush(r, buffered=buffered)

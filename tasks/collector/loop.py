@@ -127,7 +127,7 @@ class Collector:
             self.redis.delete(EVENTS_QUEUE)
             # Adopt first, sweep after: what the previous collector held is ours, not lost.
             housekeeping.prepare(self, self.redis)
-            self._adopt()
+            self.adopt()
             self._housekeeping(force=True)
             log.info(
                 "collector active (lease %s): window %d per tier, %d device(s)",
@@ -185,11 +185,29 @@ class Collector:
             self._on_event(raw)
         self._add(tiers)
 
-    def _adopt(self) -> None:
-        """Requests a previous collector took and never sent are ours now."""
-        count = self._add(request_queues.held(self.redis))
+    def adopt(self) -> int:
+        """Every request in the held hashes that this collector does not hold is ours
+        now: at start, what a previous collector took and never sent; on each sweep
+        after that, what a take whose reply was lost put there unseen (the client ran the
+        script again, and only the second run's messages came back; issue 41, finding 1).
+        Left there, they were never sent, and counted against the window for good."""
+        count = 0
+        for priority, items in request_queues.held_items(self.redis).items():
+            for task_id, raw in items:
+                if task_id in self.held:
+                    continue
+                count += 1
+                self._on_request(raw, priority)
+                if task_id not in self.held and wire.task_id_of(raw) != task_id:
+                    # An id the take script read but the wire cannot (issue 41, finding 1):
+                    # it can be answered and struck off by that id alone.
+                    error = ValueError("malformed request message: its id cannot be read")
+                    self.outcomes.write([Outcome(task_id, error=error)])
+                    request_queues.ack(self.redis, self._token(), [(priority, task_id)])
         if count:
-            log.warning("adopted %d request(s) held by a previous collector", count)
+            log.warning("adopted %d held request(s) this collector did not know", count)
+            self.stats["adopted"] = self.stats.get("adopted", 0) + count
+        return count
 
     def _add(self, tiers: dict[str, list[bytes]]) -> int:
         for priority, raws in tiers.items():

@@ -175,6 +175,17 @@ def held(r: redis.Redis) -> dict[str, list[bytes]]:
     return dict(zip(PRIORITIES, pipe.execute(), strict=True))
 
 
+def held_items(r: redis.Redis) -> dict[str, list[tuple[str, bytes]]]:
+    """Every held (request id, message) per tier, the id as the take script read it."""
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.hgetall(held_key(p))
+    return {
+        p: [(k.decode() if isinstance(k, bytes) else k, v) for k, v in rows.items()]
+        for p, rows in zip(PRIORITIES, pipe.execute(), strict=True)
+    }
+
+
 @dataclass(frozen=True)
 class Chord:
     """A round's chord in the result backend: its size under its group's key."""

@@ -12,7 +12,7 @@ import pytest
 import redis
 from faults import LosingProxy, losing_proxy
 
-from dynamic_batching.edge.client import submit
+from dynamic_batching.edge.client import submit, submit_many
 from dynamic_batching.protocol import wire
 from dynamic_batching.protocol.names import (
     COLLECTOR_LEASE_KEY,
@@ -69,3 +69,42 @@ def test_finding_3_a_redelivery_whose_reply_was_lost_counts_once(bare_redis, pro
     # input as WorkerCrashed before POISON_REDELIVERIES redeliveries).
     assert deliveries.count(shared_state.client(), "came-back") == 2
     assert proxy.lost == 1, "the fault did not land"
+
+
+def test_finding_1_a_take_whose_reply_was_lost_strands_nothing() -> None:
+    # Issue 41, finding 1: the collector's take moved requests to its held hash, the
+    # reply was lost, and the client ran the script again: the first run's requests sat
+    # in the held hash, never sent and counted against the window, until someone
+    # restarted the collector. Here every process of the system talks to Redis through
+    # the proxy, and the collector's next take loses its reply.
+    import signal
+
+    from systems import running
+
+    from batching_site.harness import LocalSystem
+    from dynamic_batching.gpu_workers.models import synthetic
+
+    base = LocalSystem(devices=[])
+    try:
+        base.start_redis()
+        with (
+            losing_proxy(base.redis_url) as p,
+            running(LocalSystem(redis_url=p.url(), devices=["cpu:0"])) as system,
+        ):
+            beat = shared_state.read_collector() or {}
+            active = next(name for name, pid in system.pids().items() if pid == beat.get("pid"))
+            # Stopped for a moment (well under its 2 s lease), so that its next take is
+            # the one that takes these requests.
+            system.kill(active, signal.SIGSTOP)
+            try:
+                texts = [f"finding 1, request {i}" for i in range(4)]
+                results = submit_many(texts, model="synthetic")
+                p.lose_reply_to(request_queues._TAKE_SCRIPT.sha.encode())
+            finally:
+                system.kill(active, signal.SIGCONT)
+            for text, result in zip(texts, results, strict=True):
+                assert result.get(timeout=30) == synthetic.embed(text)
+            assert p.lost == 1, "the fault did not land"
+            assert (shared_state.read_collector() or {}).get("stats", {}).get("adopted", 0) >= 1
+    finally:
+        base.close()
