@@ -230,6 +230,11 @@ class BatchingSettings:
             return self._overrides[name]
         return self._load()[name]
 
+    def values(self) -> dict[str, Any]:
+        """Every key as read from the settings and the environment (this process's own
+        overrides aside), validated: ImproperlyConfigured for a value out of range."""
+        return dict(self._load())
+
     def reload(self) -> None:
         self._values = None
 

@@ -162,9 +162,13 @@ def batching_settings(settings, monkeypatch):  # type: ignore[no-untyped-def]
     """`batching_settings(KEY=value, ...)` sets keys of the BATCHING dict for one test,
     with their BATCHING_<KEY> variables unset (the environment wins over the dict)."""
 
+    from dynamic_batching.conf import conf
+
     def set_(**values: object) -> None:
         for key in values:
             monkeypatch.delenv("BATCHING_" + key, raising=False)
+        # And above both, this process's own overrides (connect() sets REDIS_URL).
+        monkeypatch.setattr(conf, "_overrides", {k: v for k, v in conf._overrides.items() if k not in values})
         settings.BATCHING = {**getattr(settings, "BATCHING", {}), **values}
 
     return set_
