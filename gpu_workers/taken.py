@@ -9,11 +9,14 @@ each batch message it takes, from the consumer (Celery's `task_received`) or bet
 a long batch's layers (gpu_workers/preempt.py), and releases it when the batch task
 returns. supervisord, or docker, restarts a killed worker in place under the same
 device id; before it loads its models it restores every tag its predecessor left with
-kombu's own `restore_by_tag`. The message comes back marked redelivered, exactly as
+the same steps as kombu's `restore_by_tag`. The message comes back marked redelivered, exactly as
 after the timeout, and is counted and split the same way (DeviceRunner._came_back).
 
-Why nothing runs twice: only a message still unacked under that tag is restored (a
-message the broker already handed out again has a new tag), and the old worker is dead.
+Why nothing runs twice: only a message still unacked as the same delivery is restored.
+kombu keeps a message's tag for life, so a message the broker handed to another device
+meanwhile has the same tag: the note holds the delivery's time in kombu's unacked index
+too, and deliveries.restore checks it in one transaction. And the old worker is dead
+(gpu_workers/step.py refuses a second live worker under one device id).
 A hung worker hands its batch back itself, so it forgets its notes before it dies.
 Two live workers given the same device id would hand each other's batches back; the
 outcome store still keeps only a first answer.
@@ -68,22 +71,21 @@ class Taken:
 
     def reclaim(self) -> int:
         """Hand back to the broker the batch messages a killed worker under this device
-        id left unacked; returns how many tags were tried."""
+        id left unacked and nobody took since; returns how many it handed back."""
         try:
-            tags = deliveries.held(shared_state.client(), self.holder)
-            if not tags:
-                return 0
-            with self.app.connection_for_write() as conn:
-                restore = getattr(conn.default_channel.qos, "restore_by_tag", None)
-                if restore is None:  # a broker that is not Redis redelivers on its own
-                    return 0
-                for tag in tags:
-                    restore(tag)
+            r = shared_state.client()
+            noted = deliveries.held(r, self.holder)
+            back = sum(
+                1
+                for tag, delivered_at in noted.items()
+                if delivered_at is not None and deliveries.restore(r, tag, delivered_at)
+            )
         except Exception:  # noqa: BLE001 - the visibility timeout still brings them back
             log.warning("could not hand back the batches %s left", self.holder, exc_info=True)
             return 0
-        log.warning("handed back %d batch message(s) that %s held when it died", len(tags), self.holder)
-        return len(tags)
+        if back:
+            log.warning("handed back %d batch message(s) that %s held when it died", back, self.holder)
+        return back
 
     def on_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
         """Celery's `task_received`: note a batch task's delivery tag."""

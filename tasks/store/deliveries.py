@@ -16,6 +16,7 @@ at once (gpu_workers/taken.py).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 
@@ -42,16 +43,19 @@ def count(r: redis.Redis, task_id: str, *, nonce: str | None = None) -> int:
 
 
 def hold(r: redis.Redis, holder: str, tag: str) -> None:
-    """`holder` has taken the batch message with delivery tag `tag`."""
+    """`holder` has taken the batch message with delivery tag `tag`: noted with the time
+    the broker recorded that delivery (its unacked index score), which tells this
+    delivery from a later one of the same message under the same tag."""
+    score = r.zscore(UNACKED_INDEX_KEY, tag)
     pipe = r.pipeline(transaction=False)
-    pipe.sadd(taken_key(holder), tag)
+    pipe.hset(taken_key(holder), tag, "" if score is None else repr(score))
     pipe.expire(taken_key(holder), KEEP_S)
     pipe.execute()
 
 
 def release(r: redis.Redis, holder: str, tag: str) -> None:
     """`holder` is done with `tag`: answered, or handed back to the broker."""
-    r.srem(taken_key(holder), tag)
+    r.hdel(taken_key(holder), tag)
 
 
 def settle(r: redis.Redis, tag: str) -> None:
@@ -67,12 +71,54 @@ def settle(r: redis.Redis, tag: str) -> None:
     pipe.execute()
 
 
-def held(r: redis.Redis, holder: str) -> list[str]:
-    """The tags `holder` took and never released; forgets them."""
+def held(r: redis.Redis, holder: str) -> dict[str, float | None]:
+    """The tags `holder` took and never released, with the delivery time noted for
+    each (None where there was none); forgets them."""
     pipe = r.pipeline(transaction=True)
-    pipe.smembers(taken_key(holder))
+    pipe.hgetall(taken_key(holder))
     pipe.delete(taken_key(holder))
-    return sorted(t.decode() if isinstance(t, bytes) else t for t in pipe.execute()[0])
+    rows = pipe.execute()[0]
+    out: dict[str, float | None] = {}
+    for tag, score in rows.items():
+        tag = tag.decode() if isinstance(tag, bytes) else tag
+        score = score.decode() if isinstance(score, bytes) else score
+        out[tag] = float(score) if score else None
+    return dict(sorted(out.items()))
+
+
+def restore(r: redis.Redis, tag: str, delivered_at: float) -> bool:
+    """Put the message unacked under `tag` back on its queue, marked redelivered, as
+    kombu's `restore_by_tag` does, but only if it is still the delivery that was noted
+    (the same score in the unacked index) and all in one transaction. kombu keeps a
+    message's delivery tag for life: after the visibility timeout handed it to another,
+    live device, the tag is the same and only the score tells the two deliveries apart
+    (issue 41, finding 6). Returns whether it restored the message."""
+    with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(UNACKED_INDEX_KEY, UNACKED_KEY)
+                score, raw = pipe.zscore(UNACKED_INDEX_KEY, tag), pipe.hget(UNACKED_KEY, tag)
+                if raw is None or score is None or score != delivered_at:
+                    pipe.unwatch()
+                    return False
+                payload, exchange, routing_key = json.loads(raw)
+                # A batch message goes to its queue by the default exchange ("") or by the
+                # queue's own (named as it is), with priority 0: kombu keeps priorities 3
+                # and up in lists of their own.
+                if exchange not in ("", routing_key) or int(payload.get("properties", {}).get("priority") or 0) >= 3:
+                    pipe.unwatch()
+                    return False
+                payload.setdefault("headers", {})["redelivered"] = True
+                payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
+                pipe.multi()
+                # kombu's consumers pop from the right: a restored message goes next.
+                pipe.rpush(routing_key, json.dumps(payload))
+                pipe.hdel(UNACKED_KEY, tag)
+                pipe.zrem(UNACKED_INDEX_KEY, tag)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue  # another device acked or took something meanwhile: look again
 
 
 def nowhere(r: redis.Redis, batch_ids: Sequence[str], queues: Sequence[str]) -> list[str]:

@@ -27,7 +27,7 @@ from dynamic_batching.gpu_workers.taken import Taken
 from dynamic_batching.gpu_workers.task import run_batch
 from dynamic_batching.protocol import wire
 from dynamic_batching.protocol.app import transport_options
-from dynamic_batching.protocol.names import BATCH_QUEUE, redeliveries_key
+from dynamic_batching.protocol.names import BATCH_QUEUE, UNACKED_KEY, redeliveries_key
 from dynamic_batching.store import deliveries, ledger, shared_state
 
 
@@ -201,7 +201,8 @@ def test_a_killed_workers_batch_goes_back_when_a_worker_starts_under_its_device_
     released = batch_of(["answered"])
     resend.resend(app, released, released["batch_id"])
     holder = "cpu:9@a-host"
-    with app.connection_for_read() as conn:
+    # As a device worker's consumer takes them: under batching's own unacked keys.
+    with app.connection_for_read(transport_options=transport_options()) as conn:
         queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
         held, done = queue.get(no_ack=False), queue.get(no_ack=False)
         dead = Taken(app, holder)
@@ -265,3 +266,26 @@ def test_finding_8_a_batch_handed_back_restarts_its_requests_ledger_clock(bare_r
     bare_runner._hand_back(batch, batch["requests"][:2], "r", "its batch used up its time bound")
     bare_runner.health.bounce({**batch, "requests": batch["requests"][2:]})
     assert all(r.zscore(ledger.LEDGER_KEY, i) > time.time() - 60 for i in ids), "the ledger still saw them as lost"
+
+
+def test_finding_6_a_worker_restarted_under_a_device_id_never_takes_back_a_live_devices_batch(
+    bare_runner: DeviceRunner,
+) -> None:
+    # Issue 41, finding 6: kombu keeps a message's delivery tag for life. A worker took a
+    # batch and died; the visibility timeout handed the batch to another, live device,
+    # under the same tag. The dead worker's successor then restored that tag and pulled
+    # the batch out from under the live device: it ran on two.
+    batch = batch_of(["taken twice, run once"])
+    resend.resend(app, batch, batch["batch_id"])
+    r = shared_state.client()
+    with app.connection_for_read(transport_options=transport_options()) as conn:
+        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
+        first = queue.get(no_ack=False)
+        Taken(app, "cpu:9@a-host").took(batch["batch_id"], first.delivery_tag)  # then kill -9
+        # The visibility timeout hands it out again (a restore), a live device takes it.
+        conn.default_channel.qos.restore_by_tag(first.delivery_tag)
+        second = queue.get(no_ack=False)
+        assert second.delivery_tag == first.delivery_tag, "kombu gave it a new tag: the finding's premise changed"
+        assert Taken(app, "cpu:9@a-host").reclaim() == 0
+        assert queued_batches() == [], "the successor took the batch back from the live device"
+        assert r.hexists(UNACKED_KEY, first.delivery_tag), "the live device holds it still"
