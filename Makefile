@@ -33,8 +33,10 @@ browser:
 test: venv browser
 	@# tests/unit/site/test_deploy.py validates docker-compose.yml with Debian's docker-compose (no engine needed).
 	@command -v docker-compose >/dev/null || (apt-get install -y docker-compose >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y docker-compose >/dev/null)) || true
-	@# tests/live/test_clocks.py shifts a web process's clock with Debian's libfaketime.
-	@[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || (apt-get install -y faketime >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y faketime >/dev/null)) || true
+	@# tests/live/test_clocks.py shifts a web process's clock with Debian's libfaketime (any architecture's path).
+	@ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || (apt-get install -y faketime >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y faketime >/dev/null)) || true
+	@# tests/live/test_redis_tls.py runs Debian's redis-server with TLS, certificates from openssl.
+	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get install -y redis-server openssl >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y redis-server openssl >/dev/null)) || true
 	@# tests/live/test_tls_proxy.py puts Debian's caddy in front of the web process and Flower.
 	@command -v caddy >/dev/null || (apt-get install -y caddy >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y caddy >/dev/null)) || true
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \

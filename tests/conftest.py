@@ -4,6 +4,7 @@ free port, and real collector and device-worker processes talking to it."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator
 
@@ -172,3 +173,21 @@ def batching_settings(settings, monkeypatch):  # type: ignore[no-untyped-def]
         settings.BATCHING = {**getattr(settings, "BATCHING", {}), **values}
 
     return set_
+
+
+#: A skip that says `make test` installs what it lacks. On CI, where `make test` ran
+#: and installed it, such a skip means the install failed: a failure, not a pass.
+_REQUIRED_TOOL = re.compile(r"make test (does it|installs)|`apt-get install")
+
+
+def required_tool_missing(reason: str, environ: dict[str, str] | os._Environ[str]) -> bool:
+    return bool(environ.get("CI")) and _REQUIRED_TOOL.search(reason) is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and required_tool_missing(str(report.longrepr), os.environ):
+        report.outcome = "failed"
+        report.longrepr = f"a tool `make test` installs is missing on CI: {report.longrepr}"

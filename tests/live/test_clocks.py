@@ -11,6 +11,7 @@ before it was queued."""
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterator
 
@@ -26,7 +27,10 @@ from dynamic_batching.store import shared_state
 
 pytestmark = pytest.mark.live
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+#: Debian's libfaketime, under this machine's architecture's library folder.
+LIBFAKETIME = next(
+    iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))), "/usr/lib/faketime/libfaketimeMT.so.1"
+)
 
 
 def skewed(seconds: int) -> dict[str, str]:
