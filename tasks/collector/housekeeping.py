@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from dynamic_batching.conf import conf
 
-from ..core.errors import RequestLost
-from ..protocol.names import PRIORITIES, SHARED_BATCH_QUEUES, device_queue_name
+from ..core.errors import DeadlineExceeded, RequestLost
+from ..protocol.names import DEADLINES_KEY, PRIORITIES, SHARED_BATCH_QUEUES, device_queue_name
 from ..protocol.results import Outcome
 from ..store import clock, deliveries, ledger, request_queues, shared_state
 
@@ -38,10 +38,35 @@ def prepare(c: Collector, r: Any) -> None:
     c.slow_inputs = shared_state.slow_inputs(r)
 
 
+#: A request still unanswered this long past its deadline, and not held here (the
+#: scheduler expires those itself), is answered DeadlineExceeded wherever it is: waiting
+#: behind the window, or in a batch whose device died or hung. Its batch's answer, if it
+#: comes later, is refused by the write-once outcome.
+DEADLINE_GRACE_S = 1.0
+#: Most requests answered so per turn.
+DEADLINE_PAGE = 500
+
+
+def expire_overdue(c: Collector, r: Any) -> None:
+    """Answer every request past its deadline (plus the grace) that this collector does
+    not hold (issue 41, finding 9: deadlines bound only held requests)."""
+    cutoff = clock.now() - DEADLINE_GRACE_S
+    rows = r.zrangebyscore(DEADLINES_KEY, "-inf", cutoff, start=0, num=DEADLINE_PAGE)
+    ids = [i.decode() if isinstance(i, bytes) else i for i in rows]
+    ids = [i for i in ids if i not in c.held]
+    if not ids:
+        return
+    log.warning("answering %d request(s) past their deadline outside this collector with DeadlineExceeded", len(ids))
+    detail = "passed its deadline before it was answered (queued, or in a batch that did not finish in time)"
+    c.outcomes.write([Outcome(i, error=DeadlineExceeded(i, detail)) for i in ids])
+    c.stats["expired_elsewhere"] = c.stats.get("expired_elsewhere", 0) + len(ids)
+
+
 def run(c: Collector, r: Any, now: float) -> None:
     c.lease.renew()  # raises LeaseLost if another collector took over
     apply_policy(c, shared_state.read_policy(r))
     read_devices(c, r)
+    expire_overdue(c, r)
     stale = c.slots.reclaim_stale()
     for batch_id, age in stale:
         log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)

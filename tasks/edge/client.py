@@ -213,6 +213,7 @@ def _queue(
         quota=quota,
         keep_s=in_flight_s + conf.RESULT_EXPIRES_S,
         in_flight_s=in_flight_s,
+        deadline_at=deadline,
     )
     if not admitted.accepted:
         metrics.record_rejected(priority, len(entries), reason=admitted.refused_by, owner=owner)

@@ -80,6 +80,10 @@ UNACKED_MUTEX_KEY = PREFIX + "unacked_mutex"
 
 #: Sorted set: accepted request id -> when it was (re)published (tasks/store/ledger.py).
 LEDGER_KEY = PREFIX + "ledger"
+#: Sorted set: accepted request id -> its deadline (Redis's clock), for requests that
+#: have one: written at admission, struck with the answer, swept by the collector, so a
+#: deadline binds wherever the request is (issue 41, finding 9).
+DEADLINES_KEY = PREFIX + "deadlines"
 #: Hash: accepted request id -> its task message, as it was queued.
 LEDGER_PAYLOADS_KEY = PREFIX + "ledger:payloads"
 #: Hash: accepted request id -> how often the ledger sweep has queued it again.

@@ -24,6 +24,7 @@ from dynamic_batching.conf import conf
 from ..protocol import lua
 from ..protocol.names import (
     ANSWERS_KEY,
+    DEADLINES_KEY,
     IN_FLIGHT_PREFIX,
     LEDGER_ATTEMPTS_KEY,
     LEDGER_KEY,
@@ -80,13 +81,14 @@ class OutcomeWriter:
                 expires = getattr(backend, "failure_expires", None) or backend.expires
             pipe.evalsha(
                 _SET_ONCE_SCRIPT.sha,
-                6,
+                7,
                 backend.get_key_for_task(o.task_id),
                 ANSWERS_KEY,
                 LEDGER_KEY,
                 LEDGER_PAYLOADS_KEY,
                 LEDGER_ATTEMPTS_KEY,
                 owner_key(o.task_id),
+                DEADLINES_KEY,
                 backend.encode(result_meta(o, backend, done)),
                 int(expires or conf.RESULT_EXPIRES_S),
                 o.task_id,

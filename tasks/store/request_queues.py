@@ -41,6 +41,7 @@ from ..protocol import lua, wire
 from ..protocol.events import Events
 from ..protocol.names import (
     COLLECTOR_LEASE_KEY,
+    DEADLINES_KEY,
     EVENTS_QUEUE,
     LEDGER_KEY,
     LEDGER_PAYLOADS_KEY,
@@ -88,6 +89,7 @@ def admit(
     quota: Quota | None = None,
     keep_s: float = 3600.0,
     in_flight_s: float = 3600.0,
+    deadline_at: float | None = None,
     now: float | None = None,
 ) -> Admission:
     """Enqueue `entries` (id, message) unless the tier would pass its cap or, for an
@@ -113,6 +115,7 @@ def admit(
         _TIER_INDEX[priority],
         max(1, math.ceil(keep_s)),
         now + in_flight_s,
+        "" if deadline_at is None else repr(deadline_at),
     ]
     if events:
         channels = flower_events.topics(events.app)
@@ -130,6 +133,7 @@ def admit(
         rate_key(owner),
         *(in_flight_key(owner, p) for p in PRIORITIES),
         OWNERS_INDEX_KEY,
+        DEADLINES_KEY,
     ]
     if owner:
         keys += [owner_key(task_id) for task_id, _ in entries]

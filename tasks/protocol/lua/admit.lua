@@ -2,27 +2,28 @@
 -- First the tier's cap, then, for requests with an owner, the owner's quota
 -- (tasks/core/quota.py): its share of this tier, its requests in flight, its rate.
 -- KEYS: queue, held hash, ledger, ledger payloads, wake token, the owner's rate bucket,
---       the owner's in-flight sets for each tier, the index of owners, then one owner
---       key per request.
+--       the owner's in-flight sets for each tier, the index of owners, the deadlines,
+--       then one owner key per request.
 -- ARGV: 1 cap, 2 now, 3 an events message ('' for none), 4 owner ('' for none),
 --       5 what an owner key holds, 6 rate per s, 7 burst, 8 most in flight,
 --       9 this tier's share cap, 10 this tier's index among KEYS[7..9],
 --       11 owner keys' expiry (s), 12 in-flight expiry (an absolute time),
---       13 how many topics, the topics, then (id, message) pairs.
+--       13 the requests' deadline ('' for none), 14 how many topics, the topics, then
+--       (id, message) pairs.
 -- Returns {accepted, a count (depth before, or the owner's), refused by ('' when
 -- accepted), retry after (ms)}. Safe to run twice for one call (see below).
 local depth = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[2])
 local now = tonumber(ARGV[2])
 local owner = ARGV[4]
-local ntopics = tonumber(ARGV[13])
-local first = 14 + ntopics
+local ntopics = tonumber(ARGV[14])
+local first = 15 + ntopics
 local n = (#ARGV - first + 1) / 2
 -- A second run of the same call (the client retried a command whose reply was lost)
 -- leaves what the first run did: it admitted these requests if their first one is in
 -- the ledger, or, answered meanwhile, still has its owner key. Request ids are fresh
 -- for every call, so the first one marks the call.
 if n > 0 and (redis.call('HEXISTS', KEYS[4], ARGV[first]) == 1
-        or (owner ~= '' and redis.call('EXISTS', KEYS[11]) == 1)) then
+        or (owner ~= '' and redis.call('EXISTS', KEYS[12]) == 1)) then
     return {1, depth, '', 0}
 end
 if depth + n > tonumber(ARGV[1]) then
@@ -58,10 +59,12 @@ if owner ~= '' then
     redis.call('EXPIRE', KEYS[6], math.ceil(burst / rate) + 1)
 end
 
-local k = 11
+local k = 12
+local deadline = ARGV[13]
 for i = first, #ARGV, 2 do
     redis.call('ZADD', KEYS[3], now, ARGV[i])
     redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
+    if deadline ~= '' then redis.call('ZADD', KEYS[11], deadline, ARGV[i]) end
     redis.call('LPUSH', KEYS[1], ARGV[i + 1])
     if owner ~= '' then
         redis.call('SET', KEYS[k], ARGV[5], 'EX', ARGV[11])
@@ -77,7 +80,7 @@ end
 redis.call('LPUSH', KEYS[5], 1)
 redis.call('LTRIM', KEYS[5], 0, 0)
 if ARGV[3] ~= '' then
-    for t = 14, 13 + ntopics do
+    for t = 15, 14 + ntopics do
         redis.call('PUBLISH', ARGV[t], ARGV[3])
     end
 end

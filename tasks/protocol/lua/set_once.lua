@@ -1,10 +1,12 @@
 -- A request's one final outcome (tasks/store/outcomes.py). The ledger entry goes in either
 -- case: the request has its one answer.
--- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts, owner key.
+-- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts, owner key,
+--       deadlines.
 -- ARGV: meta, expiry, id, in-flight key prefix, reply lists' prefix.
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
+redis.call('ZREM', KEYS[7], ARGV[3])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
     -- An id of version 8 belongs to a reply group (tasks/protocol/names.py::reply_key, the
