@@ -5,7 +5,8 @@ a key that expires after `ttl_s` unless its holder renews it, so a collector tha
 (or stalls) loses it, and a standby takes over within about `ttl_s`. Expiry is Redis's
 own clock, so the collectors' clocks do not matter.
 
-Each holder gets a fencing token, larger than every earlier one. The scripts that take
+Each holder gets a fencing token, "<epoch>:<nonce>": its epoch larger than every earlier
+one, and unique even if a lost write let an epoch repeat (lease.lua). The scripts that take
 requests into the held hashes and dispatch batches check it in Redis, in the same
 atomic step (tasks/store/request_queues.py). A collector that lost its lease without
 knowing it (a long pause) can therefore move nothing; it learns so (`LeaseLost`) and
@@ -14,6 +15,8 @@ exits, and the supervisor restarts it as a standby.
 
 from __future__ import annotations
 
+import uuid
+
 import redis
 from redis.commands.core import Script
 
@@ -21,6 +24,11 @@ from ..protocol import lua
 from ..protocol.names import COLLECTOR_EPOCH_KEY, COLLECTOR_LEASE_KEY
 
 _LEASE_SCRIPT = Script(None, lua.source("lease"))
+
+
+def epoch_of(token: object) -> int:
+    """A fencing token's epoch: which holder it was, in order ("<epoch>:<nonce>")."""
+    return int(str(token or "0").partition(":")[0])
 
 
 class LeaseLost(RuntimeError):
@@ -36,12 +44,15 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it. True if this process holds it now."""
-        token = int(
-            _LEASE_SCRIPT(keys=[COLLECTOR_LEASE_KEY, COLLECTOR_EPOCH_KEY], args=["acquire", self.ttl_ms], client=self.r)
+        token = _LEASE_SCRIPT(
+            keys=[COLLECTOR_LEASE_KEY, COLLECTOR_EPOCH_KEY],
+            args=["acquire", self.ttl_ms, uuid.uuid4().hex],
+            client=self.r,
         )
-        if token:
-            self.token = str(token)
-        return token > 0
+        if not token:
+            return False
+        self.token = token.decode() if isinstance(token, bytes) else str(token)
+        return True
 
     def renew(self) -> None:
         """Extend the lease; raises LeaseLost if another collector holds it now."""

@@ -34,6 +34,7 @@ from dynamic_batching.gpu_workers.models import synthetic
 from dynamic_batching.protocol import wire
 from dynamic_batching.protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, REQUEST_TASK, request_queue_name
 from dynamic_batching.store import clock, ledger, shared_state
+from dynamic_batching.store.lease import epoch_of
 
 pytestmark = pytest.mark.live
 
@@ -146,7 +147,9 @@ def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: Loc
 
         def new_active() -> bool:
             now = shared_state.read_collector() or {}
-            return now.get("pid") not in (None, beat.get("pid")) and int(now.get("lease") or 0) > int(beat["lease"])
+            return now.get("pid") not in (None, beat.get("pid")) and epoch_of(now.get("lease")) > epoch_of(
+                beat["lease"]
+            )
 
         poll_until(new_active, "the standby collector to take over", timeout=10, interval=0.02)
         took_over.append(time.monotonic() - killed_at)

@@ -27,7 +27,7 @@ from dynamic_batching.protocol.names import (
     request_queue_name,
 )
 from dynamic_batching.store import ledger, owners, request_queues, shared_state
-from dynamic_batching.store.lease import Lease, LeaseLost
+from dynamic_batching.store.lease import Lease, LeaseLost, epoch_of
 
 
 def messages(priority: str, n: int, tag: str = "m") -> list[tuple[str, str]]:
@@ -193,9 +193,9 @@ def test_one_lease_at_a_time_and_each_holder_gets_a_larger_token(r: Any) -> None
     first, second = Lease(r, ttl_s=60), Lease(r, ttl_s=60)
     assert first.acquire() and not second.acquire()
     first.renew()
-    first_token = int(first.token or 0)
+    first_token = epoch_of(first.token)
     first.release()
-    assert second.acquire() and int(second.token or 0) > first_token
+    assert second.acquire() and epoch_of(second.token) > first_token
     # The lease expires (Redis's clock) unless renewed: then another takes it, and the
     # old holder learns it lost it.
     r.pexpire(COLLECTOR_LEASE_KEY, 1)
@@ -209,7 +209,7 @@ def test_one_lease_at_a_time_and_each_holder_gets_a_larger_token(r: Any) -> None
 def test_a_collector_without_the_lease_moves_nothing(r: Any, token: str) -> None:
     queued = messages("normal", 3)
     request_queues.admit(r, "normal", 10, queued)
-    stale = str(int(token) - 1)  # an earlier holder, paused past its lease
+    stale = f"{epoch_of(token) - 1}:an-earlier-holder"  # paused past its lease
     with pytest.raises(LeaseLost):
         request_queues.take(r, 10, stale)
     assert r.llen(request_queue_name("normal")) == 3 and request_queues.held(r)["normal"] == []
@@ -218,3 +218,24 @@ def test_a_collector_without_the_lease_moves_nothing(r: Any, token: str) -> None
     with pytest.raises(LeaseLost):
         request_queues.dispatch(r, stale, [(BATCH_QUEUE, batch)], [("normal", t) for t, _ in queued])
     assert r.llen(BATCH_QUEUE) == 0 and len(request_queues.held(r)["normal"]) == 3
+
+
+def test_finding_13_a_lost_epoch_never_gives_two_collectors_one_token(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # Issue 41, finding 13: a host crash that loses the append-only file's last second
+    # can lose the INCR of the epoch; the next collector then got the same token as the
+    # one before, and both passed every fence.
+    from dynamic_batching.protocol.names import COLLECTOR_EPOCH_KEY, COLLECTOR_LEASE_KEY
+    from dynamic_batching.store.lease import Lease, LeaseLost
+
+    r = shared_state.client()
+    before = Lease(r, 2.0)
+    assert before.acquire()
+    # The crash: Redis comes back without the INCR and without the lease key.
+    r.decr(COLLECTOR_EPOCH_KEY)
+    r.delete(COLLECTOR_LEASE_KEY)
+    after = Lease(r, 2.0)
+    assert after.acquire()
+    assert after.token != before.token
+    with pytest.raises(LeaseLost):
+        before.renew()
+    after.renew()
