@@ -111,8 +111,34 @@ def load_with(fault: Callable[[], None], run: str) -> float:
 
 
 def test_device_worker_killed_mid_batch_loses_nothing(chaos_system: LocalSystem) -> None:
-    load_with(lambda: chaos_system.kill("gpu-cpu0"), "device-kill")
+    # The fault must land: the victim is killed while it holds a batch (stopped first,
+    # so it cannot finish the batch between the look and the kill), and that batch must
+    # come back through the broker, counted as redelivered.
+    import signal
+
+    from dynamic_batching.gpu_workers.runner import device_id_of
+    from dynamic_batching.protocol.names import UNACKED_KEY, redeliveries_key, taken_key
+
+    r = shared_state.client()
+    victims: list[str] = []
+
+    def kill_while_it_holds_a_batch() -> None:
+        def holding() -> bool:
+            chaos_system.kill("gpu-cpu0", signal.SIGSTOP)
+            tags = list(r.hkeys(taken_key(device_id_of("cpu:0"))))
+            victims[:] = [
+                json.loads(raw)[0]["headers"]["id"] for raw in (r.hmget(UNACKED_KEY, tags) if tags else []) if raw
+            ]
+            if not victims:
+                chaos_system.kill("gpu-cpu0", signal.SIGCONT)
+            return bool(victims)
+
+        poll_until(holding, "the victim to hold a batch", timeout=30, interval=0.01)
+        chaos_system.kill("gpu-cpu0", signal.SIGKILL)
+
+    load_with(kill_while_it_holds_a_batch, "device-kill")
     chaos_system.wait_ready(2)
+    assert victims and all(r.exists(redeliveries_key(i)) for i in victims), f"no redelivery counted for {victims}"
 
 
 def active_collector(system: LocalSystem) -> str:
