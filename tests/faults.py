@@ -22,8 +22,9 @@ class LosingProxy:
         self.port = self._listener.getsockname()[1]
         self._marker: bytes | None = None
         self._lock = threading.Lock()
-        #: How many replies it has lost.
+        #: How many replies it has lost, and the last one (as far as it read it).
         self.lost = 0
+        self.swallowed = b""
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -61,7 +62,7 @@ class LosingProxy:
                     # Redis gets the command; the reply never reaches the client.
                     cut.set()
                     server.sendall(data)
-                    _wait_for_reply(server)
+                    self.swallowed = _wait_for_reply(server)
                     self.lost += 1
                     break
                 server.sendall(data)
@@ -82,12 +83,13 @@ class LosingProxy:
             pass
 
 
-def _wait_for_reply(server: socket.socket) -> None:
+def _wait_for_reply(server: socket.socket) -> bytes:
     """Until Redis has answered the command (so it ran), without relaying the answer:
     the downstream thread stops relaying once `cut` is set, and this read takes it."""
     server.settimeout(1)
     with suppress(OSError):
-        server.recv(65536)
+        return server.recv(65536)
+    return b""
 
 
 def _close(s: socket.socket) -> None:

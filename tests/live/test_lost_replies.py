@@ -89,11 +89,20 @@ def test_finding_1_a_take_whose_reply_was_lost_strands_nothing() -> None:
         base.start_redis()
         with (
             losing_proxy(base.redis_url) as p,
-            running(LocalSystem(redis_url=p.url(), devices=["cpu:0"])) as system,
+            # A long lease: the stop below must never hand the lease to the standby,
+            # whose start-up adoption would hide the finding even on a loaded machine.
+            running(
+                LocalSystem(redis_url=p.url(), devices=["cpu:0"], env={"BATCHING_COLLECTOR_LEASE_S": "30"})
+            ) as system,
         ):
+            # One collector: a standby taking over would adopt the held requests at its
+            # start, and hide the finding.
             beat = shared_state.read_collector() or {}
             active = next(name for name, pid in system.pids().items() if pid == beat.get("pid"))
-            # Stopped for a moment (well under its 2 s lease), so that its next take is
+            for name in system.pids():
+                if name.startswith("collector") and name != active:
+                    system.stop(name)
+            # Stopped for a moment (well under its lease), so that its next take is
             # the one that takes these requests.
             system.kill(active, signal.SIGSTOP)
             try:
@@ -105,6 +114,8 @@ def test_finding_1_a_take_whose_reply_was_lost_strands_nothing() -> None:
             for text, result in zip(texts, results, strict=True):
                 assert result.get(timeout=30) == synthetic.embed(text)
             assert p.lost == 1, "the fault did not land"
-            assert (shared_state.read_collector() or {}).get("stats", {}).get("adopted", 0) >= 1
+            now = shared_state.read_collector() or {}
+            assert now.get("pid") == beat.get("pid"), "another collector took over: the test proves nothing"
+            assert now.get("stats", {}).get("adopted", 0) >= 1
     finally:
         base.close()
