@@ -36,7 +36,7 @@ def test_a_batch_held_by_a_killed_device_is_handed_back_by_the_worker_that_repla
     text = "held by a device that is killed"
     result = submit(text, model="synthetic")
     holder = taken_key(f"cpu:0@{socket.gethostname()}")
-    poll_until(lambda: shared_state.client().scard(holder) == 1, "the device to take the batch", timeout=30)
+    poll_until(lambda: shared_state.client().hlen(holder) == 1, "the device to take the batch", timeout=30)
     one_slow_device.kill("gpu-cpu0")
     # The broker alone would hand it out again only after the visibility timeout; the
     # one device's successor hands it back as it starts, then runs it (2 s).
