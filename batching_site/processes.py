@@ -217,7 +217,9 @@ def program_section(
 
     lines = [
         f"[program:{name}]",
-        f"command={quoted(cmd)}",
+        # Each program dies with supervisord, even one killed outright (core/lifetime.py):
+        # none is left serving, or holding a device id, without its supervisor.
+        f"command={quoted([sys.executable, '-m', 'dynamic_batching.core.lifetime', *cmd])}",
         f"directory={cwd}",
         "autorestart=true",
         # A start that fails within a second is retried with a growing delay.

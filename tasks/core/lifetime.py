@@ -33,3 +33,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     if os.getppid() != parent:
         os.kill(os.getpid(), sig)
     return True
+
+
+def main(argv: list[str]) -> None:
+    """`python -m dynamic_batching.core.lifetime CMD ...`: become CMD, dying with this
+    process's parent. The setting survives execve, so a program that is not ours (Redis,
+    gunicorn, Flower) dies with the supervisor that started it too."""
+    if not argv:
+        sys.exit("usage: python -m dynamic_batching.core.lifetime COMMAND [ARG ...]")
+    die_with_parent()
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

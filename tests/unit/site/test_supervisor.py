@@ -23,6 +23,9 @@ def test_every_program_restarts_alone_and_keeps_its_command_line() -> None:
         section = f"program:{name}"
         assert conf.get(section, "autorestart") == "true"
         assert conf.get(section, "stopasgroup") == conf.get(section, "killasgroup") == "true"
-        # supervisord turns %% back into %: the command it runs is exactly ours.
-        assert shlex.split(conf.get(section, "command").replace("%%", "%")) == cmd
+        # supervisord turns %% back into %: the command it runs is exactly ours, behind
+        # the guard that makes it die with supervisord (dynamic_batching/core/lifetime.py).
+        guard, command = shlex.split(conf.get(section, "command").replace("%%", "%"))[:3], cmd
+        assert guard[1:] == ["-m", "dynamic_batching.core.lifetime"]
+        assert shlex.split(conf.get(section, "command").replace("%%", "%"))[3:] == command
     assert "collector@%%h" in conf.get("program:collector", "command")
