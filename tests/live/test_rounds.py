@@ -127,7 +127,14 @@ def test_batches_sent_together_form_a_recorded_round(late_device_system: LocalSy
 
     # A lone batch is a plain task: no round.
     before = len(rounds.recent())
-    rounds_before = shared_state.read_collector()["stats"]["rounds"]
+    stats = shared_state.read_collector()["stats"]
+    rounds_before, dispatched = stats["rounds"], stats["dispatched_requests"]
     assert submit("a lone request", model="synthetic").get(timeout=30) == synthetic.embed("a lone request")
+    # "No round" is proven only by a heartbeat that counts the lone request's dispatch:
+    # the heartbeat lags the answer, and a round would be counted in the same one.
+    wait_for(
+        lambda: shared_state.read_collector()["stats"]["dispatched_requests"] == dispatched + 1,
+        "a heartbeat that has the lone request's dispatch",
+    )
     assert shared_state.read_collector()["stats"]["rounds"] == rounds_before
     assert len(rounds.recent()) == before
