@@ -441,14 +441,30 @@ def test_synthetic_empty_and_close(fake_sleep: FakeSleep) -> None:
 
 
 def test_synthetic_really_sleeps_without_gil() -> None:
-    # Two threads on two runners should overlap, as two devices would.
+    # While a runner sleeps in its batch, another thread runs Python, as a second device
+    # would. Counted inside one sleep, not timed: a sleep that held the GIL would leave
+    # the other thread no turn between its start and its end.
+    import threading
     import time
 
-    runners = [SyntheticRunner(f"cpu:{i}", overhead_s=0.1, per_token_s=0.0) for i in range(2)]
-    start = time.perf_counter()
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda r: r.run_batch(["x"]), runners))
-    assert time.perf_counter() - start < 0.19
+    inside, woke = threading.Event(), threading.Event()
+
+    def sleep(seconds: float) -> None:
+        if inside.is_set():
+            return
+        inside.set()
+        time.sleep(0.2)  # the first slice, long enough for the other thread to be scheduled
+        woke.set()
+
+    runner = SyntheticRunner("cpu:0", overhead_s=0.05, per_token_s=0.0, sleep=sleep)
+    thread = threading.Thread(target=runner.run_batch, args=(["x"],))
+    thread.start()
+    inside.wait()
+    turns = 0
+    while not woke.is_set():
+        turns += 1
+    thread.join()
+    assert turns > 0
 
 
 def test_synthetic_reports_its_progress_between_slices(fake_sleep: FakeSleep) -> None:
