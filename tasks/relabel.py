@@ -16,15 +16,13 @@ OLD_LABEL = "tasks"
 LABEL = "dynamic_batching"
 
 
-def _renames(using: str) -> list[tuple[str, str]]:
+def _renames(tables: set[str]) -> list[tuple[str, str]]:
     """(old table, new table) for each of our models still under the old label."""
-    connection = connections[using]
-    existing = set(connection.introspection.table_names())
     pairs = []
     for model in apps.get_app_config(LABEL).get_models(include_auto_created=True):
         new = model._meta.db_table
         old = OLD_LABEL + new.removeprefix(LABEL)
-        if old in existing and new not in existing:
+        if old in tables and new not in tables:
             pairs.append((old, new))
     return pairs
 
@@ -34,14 +32,15 @@ def pending(using: str = "default") -> list[tuple[str, str]]:
     called `tasks_...` that is not ours is left alone: only our migrations' records
     under the old label mark a database as one of ours."""
     connection = connections[using]
-    if "django_migrations" not in connection.introspection.table_names():
+    tables = set(connection.introspection.table_names())
+    if "django_migrations" not in tables:
         return []
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT COUNT(*) FROM django_migrations WHERE app = %s AND name = %s", [OLD_LABEL, "0001_initial"]
         )
         (ours,) = cursor.fetchone()
-    return _renames(using) if ours else []
+    return _renames(tables) if ours else []
 
 
 def relabel(using: str = "default") -> list[tuple[str, str]]:
@@ -51,15 +50,15 @@ def relabel(using: str = "default") -> list[tuple[str, str]]:
     if not moved:
         return []
     connection = connections[using]
-    content_types = "django_content_type" in connection.introspection.table_names()
     models = [m._meta.model_name for m in apps.get_app_config(LABEL).get_models()]
     # One transaction where the database has transactional DDL (PostgreSQL, SQLite); the
-    # schema editor opens it (SQLite refuses one opened around it).
+    # schema editor opens it (SQLite refuses one opened around it). django_content_type
+    # exists wherever contenttypes is installed; where it is not, there is nothing to move.
     with connection.schema_editor(atomic=True) as editor:
         for old, new in moved:
             editor.alter_db_table(None, old, new)
         editor.execute("UPDATE django_migrations SET app = %s WHERE app = %s", [LABEL, OLD_LABEL])
-        if content_types:
+        if apps.is_installed("django.contrib.contenttypes"):
             marks = ", ".join(["%s"] * len(models))
             editor.execute(
                 f"UPDATE django_content_type SET app_label = %s WHERE app_label = %s AND model IN ({marks})",

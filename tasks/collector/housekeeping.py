@@ -27,17 +27,6 @@ HOUSEKEEPING_S = 0.25
 SWEEP_EVERY_S = 5.0
 
 
-def prepare(c: Collector, r: Any) -> None:
-    """What a collector reads before it adopts what a previous one held: the policy,
-    the devices and the slow inputs, with no ledger sweep. A sweep before the adoption
-    would judge every held request older than LEDGER_GRACE_S lost and queue it a second
-    time (issue 41, finding 2)."""
-    c.lease.renew()
-    apply_policy(c, shared_state.read_policy(r))
-    read_devices(c, r)
-    c.slow_inputs = shared_state.slow_inputs(r)
-
-
 #: A request still unanswered this long past its deadline, and not held here (the
 #: scheduler expires those itself), is answered DeadlineExceeded wherever it is: waiting
 #: behind the window, or in a batch whose device died or hung. Its batch's answer, if it
@@ -66,7 +55,6 @@ def run(c: Collector, r: Any, now: float) -> None:
     c.lease.renew()  # raises LeaseLost if another collector took over
     apply_policy(c, shared_state.read_policy(r))
     read_devices(c, r)
-    expire_overdue(c, r)
     stale = c.slots.reclaim_stale()
     for batch_id, age in stale:
         log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)
@@ -75,8 +63,12 @@ def run(c: Collector, r: Any, now: float) -> None:
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
         c.slow_inputs = shared_state.slow_inputs(r)
-        c.adopt()  # anything held that this collector does not know, before judging it lost
+        # Anything held that this collector does not know is adopted before anything is
+        # judged lost: at start (next_sweep is 0), what the previous collector held
+        # (issue 41, finding 2); later, what a take whose reply was lost left (finding 1).
+        c.adopt()
         sweep_ledger(c, r)
+    expire_overdue(c, r)  # after the adoption: a held request is the scheduler's to expire
     buffered = heartbeat(c, r)
     c.metrics.flush(r, buffered=buffered)
 

@@ -125,9 +125,7 @@ class Collector:
         try:
             # Done-events from before this collector started describe batches it never sent.
             self.redis.delete(EVENTS_QUEUE)
-            # Adopt first, sweep after: what the previous collector held is ours, not lost.
-            housekeeping.prepare(self, self.redis)
-            self.adopt()
+            # The first turn adopts what the previous collector held, then sweeps.
             self._housekeeping(force=True)
             log.info(
                 "collector active (lease %s): window %d per tier, %d device(s)",
