@@ -155,7 +155,7 @@ class DeviceRunner:
         requests: list[dict[str, Any]] = batch["requests"]
         came_back = redelivered or bool(batch.get("came_back"))
         todo = self._unanswered(requests) if came_back or batch.get("bounces") else list(requests)
-        if came_back and todo:
+        if came_back:
             reply = self._came_back(batch, todo, task_id if redelivered else None)
             if reply is not None:
                 return reply
@@ -303,11 +303,15 @@ class DeviceRunner:
         redeliveries in Redis (`redelivered_as`, its task id), hand-backs in the batch.
         A batch of several is split in halves, each sent on its own, so an input at
         fault ends up alone; a lone request that came back POISON_REDELIVERIES times
-        gets its own error. None: run it (again) here."""
+        gets its own error. None: run it (again) here. One with every request already
+        answered (its worker died between the last answer and the ack) is counted and
+        done."""
         times = int(batch.get("handed_back") or 0)
         if redelivered_as is not None:
             times += deliveries.count(shared_state.client(), redelivered_as)
         reply = {"batch_id": batch["batch_id"], "device": self.device_id, "redeliveries": times}
+        if not todo:
+            return {**reply, "written": 0, "skipped": len(batch["requests"])}
         if len(todo) > 1:
             mid = len(todo) // 2
             for suffix, requests in (("a", todo[:mid]), ("b", todo[mid:])):

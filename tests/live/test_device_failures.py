@@ -119,6 +119,17 @@ def test_a_lone_request_that_keeps_coming_back_gets_its_own_error(bare_runner: D
     assert shared_state.client().ttl(redeliveries_key("lone-twice")) > 0, "the counter expires"
 
 
+def test_a_redelivered_batch_already_answered_is_still_counted(bare_runner: DeviceRunner) -> None:
+    # A worker killed after it answered every request but before its ack leaves the
+    # message unacked; it comes back redelivered with nothing to do. That redelivery
+    # happened and is counted like any other (the device-kill chaos test looks for it).
+    batch = batch_of(["answered before the kill"])
+    bare_runner.execute(batch)
+    summary = bare_runner.execute(batch, redelivered=True, task_id="answered-then-killed")
+    assert summary["redeliveries"] == 1 and summary["written"] == 0, summary
+    assert shared_state.client().scard(redeliveries_key("answered-then-killed")) == 1
+
+
 def test_a_batch_that_ran_out_of_borrowed_time_goes_back_without_counting_against_it(
     bare_runner: DeviceRunner,
 ) -> None:
