@@ -24,10 +24,13 @@ Why the long batch is not hurt: the watchdog's limit on it is paused while anoth
 batch runs (gpu_workers/watchdog.py), and every time the device runner measures it
 (its cost, its run time, whether its input is slow) is read from `own_clock()`, which
 leaves out the time spent on preempting batches. Why it cannot outlive its message's
-visibility timeout: the time all preempting batches may take inside one long batch is
-bounded by VISIBILITY_TIMEOUT_S - BATCH_HARD_LIMIT_S - HANG_GRACE_S, and each runs
-under what is left of it. A preempting batch may yield in turn (a new slow input can be
-in it too), down to MAX_DEPTH batches.
+visibility timeout: the long batch itself runs at most BATCH_HARD_LIMIT_S plus
+HANG_GRACE_S of its own time; what it lends (the preempting batches, and every look at
+the queue for one) is bounded by `lend_budget_s()`, and the last batch it lends to may
+overrun what was left by one HANG_GRACE_S. So a batch message is finished, or handed
+on, `margin_s()` before its visibility timeout at the latest (issue 41, finding 7):
+hosts' clocks must agree to well within that (docs/reliability.md). A preempting batch
+may yield in turn (a new slow input can be in it too), down to MAX_DEPTH batches.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ MIN_NESTED_S = 1.0
 MAX_DEPTH = 6
 
 
+def lend_budget_s() -> float:
+    """What one long batch may lend in all: half of what its message's visibility
+    timeout leaves past its own bound, its own hang grace and the last lent batch's."""
+    return max(0.0, (conf.VISIBILITY_TIMEOUT_S - conf.BATCH_HARD_LIMIT_S - 2 * conf.HANG_GRACE_S) / 2)
+
+
+def margin_s() -> float:
+    """How long before its visibility timeout a batch message is done with, at the
+    latest: the other half (with the defaults, 3 s)."""
+    return conf.VISIBILITY_TIMEOUT_S - conf.BATCH_HARD_LIMIT_S - 2 * conf.HANG_GRACE_S - lend_budget_s()
+
+
 @dataclass
 class _Armed:
     batch_id: str
@@ -82,8 +97,10 @@ class Preemption:
         device_id: str,
         hostname: str,
         taken: Taken,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
+        self._clock = clock
         self.taken = taken
         self.watchdog = watchdog
         self._emit = emit
@@ -124,13 +141,23 @@ class Preemption:
         if not self.enabled or yield_after_s is None or len(self._running) >= MAX_DEPTH:
             yield_at = float("inf")
         else:
-            yield_at = time.monotonic() + yield_after_s
-        budget = conf.VISIBILITY_TIMEOUT_S - conf.BATCH_HARD_LIMIT_S - conf.HANG_GRACE_S
-        self._running.append(_Armed(batch_id, yield_at, budget))
+            yield_at = self._clock() + yield_after_s
+        self._running.append(_Armed(batch_id, yield_at, lend_budget_s()))
         try:
             yield
         finally:
             self._running.pop()
+
+    def lend_to_self(self, seconds: float) -> float:
+        """The batch running now (the innermost) spent `seconds` on something that is
+        not its inputs' fault (loading its model): take up to that much out of what it
+        may lend, and return how much it got."""
+        if not self._running:
+            return 0.0
+        armed = self._running[-1]
+        got = max(0.0, min(seconds, armed.budget_s))
+        armed.budget_s -= got
+        return got
 
     def between_steps(self) -> None:
         """BatchRunner.between_steps: run the next waiting batch, if the batch running
@@ -138,7 +165,7 @@ class Preemption:
         if not self._running:
             return
         armed = self._running[-1]
-        now = time.monotonic()
+        now = self._clock()
         # What a batch started now may take: what this one may still lend, and never
         # past this one's own bound when it runs inside another (a deeper batch lends
         # only what the one it runs inside lent it).
@@ -156,9 +183,14 @@ class Preemption:
                 log.info("batch %s is long: running waiting batches between its layers", armed.batch_id)
                 self._emit({"kind": "yielding", "batch_id": armed.batch_id, "device": self.device_id})
             message = self._take()
+            # The look is lent time too: the watchdog was paused for it. Empty looks
+            # every POLL_EVERY_S through a long batch add up to seconds.
+            armed.budget_s -= self._clock() - now
             if message is None:
                 return
-            self._untils.append(now + min(conf.BATCH_HARD_LIMIT_S, room))
+            now = self._clock()
+            room = armed.budget_s if not self._untils else min(armed.budget_s, self._untils[-1] - now)
+            self._untils.append(now + min(conf.BATCH_HARD_LIMIT_S, max(0.0, room)))
             t0, inside = time.perf_counter(), self.nested_s
             try:
                 self._run(message)

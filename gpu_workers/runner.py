@@ -285,13 +285,12 @@ class DeviceRunner:
             log.exception("could not load model %s on %s", model, self.device_id)
             return [ModelUnavailable(model, self.device_id, f"{type(exc).__name__}: {exc}")] * len(live)
         # A first load is the device's cost, never its inputs': the batch's bound starts
-        # once the model is there (issue 41, finding 4), though never past the point where
-        # the broker would hand its message to another device (the visibility timeout,
-        # less the hang grace). Inside a borrowed budget the lender's bound stays.
+        # once the model is there (issue 41, finding 4). The extra time comes out of what
+        # the batch may lend to others, so its message is still done with before the
+        # broker would hand it to another device (issue 41, finding 7). Inside a
+        # borrowed budget the lender's bound stays.
         if self.preempt.nested_until is None:
-            began = until - conf.BATCH_HARD_LIMIT_S
-            ceiling = began + conf.VISIBILITY_TIMEOUT_S - conf.HANG_GRACE_S
-            until = max(until, min(until + time.monotonic() - loading, ceiling))
+            until += self.preempt.lend_to_self(time.monotonic() - loading)
         return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until, on_part=on_part)
 
     def _came_back(
