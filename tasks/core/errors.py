@@ -97,6 +97,12 @@ class RequestLost(BatchingError):
         self.request_id, self.attempts = request_id, attempts
 
     def __str__(self) -> str:
+        if self.attempts == 0:
+            return (
+                f"request {self.request_id} has neither an answer nor a place in the ledger of accepted "
+                "requests: Redis lost it (a restart that lost the last writes of its append-only file); "
+                "submit it again, and see docs/reliability.md for running Redis with appendfsync always"
+            )
         return (
             f"request {self.request_id} went missing {self.attempts} times between the queue and a device "
             "and was given up on; submit it again, and if this repeats, check the device workers' logs"

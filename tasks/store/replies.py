@@ -13,7 +13,12 @@ that waits on an id through Celery.
 
 Should the list ever lose an answer (a Redis restart without its append-only file), a
 quiet second reads the stored answers of what is still missing, so a wait ends with
-every answer or with its timeout, never a hang.
+every answer or with its timeout, never a hang. The same read looks each missing id up
+in the ledger of accepted requests (tasks/store/ledger.py): admission writes an entry in
+the script that queues the request and the outcome script strikes it as it stores the
+answer, so an id with neither was lost by Redis itself (the last second of its
+append-only file, after a host crash; issue 41, finding 13). Its waiter gets
+`RequestLost` at once instead of waiting for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from celery import states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
+
+from ..core.errors import RequestLost
+from ..protocol.names import LEDGER_KEY
 
 #: How long one blocking pop waits before the stored answers are read instead.
 QUIET_S = 1.0
@@ -80,7 +89,14 @@ class Mailbox:
             raws = popped[1]
         else:
             ids = sorted(absent)
-            raws = [v for v in self._r.mget([self._backend.get_key_for_task(t) for t in ids]) if v is not None]
+            pipe = self._r.pipeline(transaction=True)  # one moment: an answer strikes its entry
+            pipe.mget([self._backend.get_key_for_task(t) for t in ids])
+            pipe.zmscore(LEDGER_KEY, ids)
+            stored, entries = pipe.execute()
+            raws = [v for v in stored if v is not None]
+            for t, v, entry in zip(ids, stored, entries, strict=True):
+                if v is None and entry is None and t in self._ids:
+                    self._got.setdefault(t, lost_meta(t))
         for raw in raws:
             meta = self._backend.decode_result(raw)
             task_id = meta.get("task_id")
@@ -96,6 +112,11 @@ class Mailbox:
     def _raise_timeout(self, task_ids: Sequence[str], timeout: float | None) -> None:
         absent = sum(1 for t in task_ids if t not in self._got)
         raise CeleryTimeoutError(f"{absent} of {len(task_ids)} answers not in after {timeout} s")
+
+
+def lost_meta(task_id: str) -> dict[str, Any]:
+    """The answer meta a waiter gets for a request Redis has no trace of."""
+    return {"task_id": task_id, "status": states.FAILURE, "result": RequestLost(task_id, 0), "traceback": None}
 
 
 def wait(

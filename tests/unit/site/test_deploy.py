@@ -106,7 +106,8 @@ def test_services_run_the_tested_command_lines_and_persist_redis(resolved: dict[
     assert services["web"]["command"][-1] == "web"  # gunicorn, see serve.gunicorn_command
     assert services["collector"]["command"][-1] == "collector"
     redis_command = " ".join(services["redis"]["command"])
-    assert "--appendonly yes --appendfsync everysec" in redis_command
+    assert '--appendonly yes --appendfsync "$$REDIS_APPENDFSYNC"' in redis_command
+    assert services["redis"]["environment"]["REDIS_APPENDFSYNC"] == "everysec"  # unless .env says always
     assert services["flower"]["command"][-2:] == ["flower", "--behind-proxy"]
     # Every secret-looking setting is interpolated from .env, never written here.
     for line in COMPOSE.read_text().splitlines():

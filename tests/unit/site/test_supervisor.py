@@ -29,3 +29,19 @@ def test_every_program_restarts_alone_and_keeps_its_command_line() -> None:
         assert guard[1:] == ["-m", "dynamic_batching.core.lifetime"]
         assert shlex.split(conf.get(section, "command").replace("%%", "%"))[3:] == command
     assert "collector@%%h" in conf.get("program:collector", "command")
+
+
+def test_redis_syncs_its_append_only_file_as_redis_appendfsync_says(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    def fsync() -> str:
+        cmd = processes.redis_server_command(6399, "/tmp/x", appendonly=True)
+        return cmd[cmd.index("--appendfsync") + 1]
+
+    monkeypatch.delenv("REDIS_APPENDFSYNC", raising=False)
+    assert fsync() == "everysec"
+    monkeypatch.setenv("REDIS_APPENDFSYNC", "always")
+    assert fsync() == "always"
+    monkeypatch.setenv("REDIS_APPENDFSYNC", "sometimes")
+    with pytest.raises(SystemExit, match="set it to one of everysec, always"):
+        fsync()
