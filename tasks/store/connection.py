@@ -56,6 +56,20 @@ def client(url: str | None = None) -> redis.Redis:
         return _clients[url]
 
 
+_probes: dict[str, redis.Redis] = {}
+
+
+def probe(url: str | None = None) -> redis.Redis:
+    """A client that never retries and gives up within a second, for asking "is Redis
+    there?" (/healthz): the shared client's retries would make the answer wait about
+    RETRY_FOR_S while Redis is away, past any load balancer's health check timeout."""
+    url = url or conf.REDIS_URL
+    with _clients_lock:
+        if url not in _probes:
+            _probes[url] = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1, retry=None)
+        return _probes[url]
+
+
 def connect(redis_url: str) -> None:
     """Make this process a client of the system at `redis_url`: the client API, the
     result backend and the shared state all read the address from here."""
@@ -74,6 +88,7 @@ def connect(redis_url: str) -> None:
     app.amqp._producer_pool = None
     with _clients_lock:
         _clients.clear()
+        _probes.clear()
     for hook in _on_connect:
         hook()
 
