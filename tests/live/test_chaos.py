@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from celery.result import AsyncResult
@@ -32,7 +33,13 @@ from dynamic_batching.edge.client import details, submit, submit_many
 from dynamic_batching.edge.intake import accept
 from dynamic_batching.gpu_workers.models import synthetic
 from dynamic_batching.protocol import wire
-from dynamic_batching.protocol.names import ANSWERS_KEY, LEDGER_ATTEMPTS_KEY, REQUEST_TASK, request_queue_name
+from dynamic_batching.protocol.names import (
+    ANSWERS_KEY,
+    LEDGER_ATTEMPTS_KEY,
+    REQUEST_TASK,
+    SHARED_BATCH_QUEUES,
+    request_queue_name,
+)
 from dynamic_batching.store import clock, ledger, shared_state
 from dynamic_batching.store.lease import epoch_of
 
@@ -156,6 +163,35 @@ def test_collector_killed_loses_nothing(chaos_system: LocalSystem) -> None:
     # What the killed collector held, the new one adopted from Redis at start: nothing
     # needed the ledger's repair.
     assert (shared_state.read_collector() or {}).get("stats", {}).get("republished", 0) == 0
+
+
+def test_a_collector_paused_past_its_lease_steps_down_when_it_resumes(chaos_system: LocalSystem) -> None:
+    # SIGSTOP (a stalled VM, a debugger, swap) lets the lease expire; the standby takes
+    # over. Resumed, the old one must not dispatch what it still held in memory (every
+    # dispatch is fenced by its token) and must step down: it exits and supervisord
+    # starts it again as the standby. Every caller gets exactly its own answer.
+    import signal
+
+    active = active_collector(chaos_system)
+    paused = chaos_system.pid(active)
+
+    def pause_past_the_lease() -> None:
+        chaos_system.kill(active, signal.SIGSTOP)
+        try:
+            poll_until(
+                lambda: (shared_state.read_collector() or {}).get("pid") not in (None, paused),
+                "the standby to take over",
+                timeout=30,
+            )
+        finally:
+            chaos_system.kill(active, signal.SIGCONT)
+        poll_until(lambda: chaos_system.pid(active) != paused, "the resumed collector to step down", timeout=30)
+
+    load_with(pause_past_the_lease, "collector-pause")
+    log = Path(chaos_system.log_dir, f"{active}.log").read_text()
+    assert "lost its lease to another" in log
+    assert (shared_state.read_collector() or {}).get("pid") != paused
+    chaos_system.wait_ready(2)
 
 
 def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: LocalSystem) -> None:
@@ -351,7 +387,8 @@ def test_slow_inputs_are_isolated_and_remembered(chaos_system: LocalSystem) -> N
 
 def test_broken_device_opens_its_circuit_and_healthy_devices_answer(chaos_system: LocalSystem) -> None:
     BROKEN = f"cpu:2@{socket.gethostname()}"  # noqa: N806 - the device id its heartbeat uses
-    chaos_system.start_device("cpu:2", env={"SYNTHETIC_BROKEN": "1", "BATCHING_CIRCUIT_COOLDOWN_S": "2"})
+    # A cooldown longer than the test: once open, the circuit stays open while it looks.
+    chaos_system.start_device("cpu:2", env={"SYNTHETIC_BROKEN": "1", "BATCHING_CIRCUIT_COOLDOWN_S": "120"})
     try:
         chaos_system.wait_ready(3)
         texts = [f"circuit test {i} " + "w " * (i % 11) for i in range(300)]
@@ -365,6 +402,11 @@ def test_broken_device_opens_its_circuit_and_healthy_devices_answer(chaos_system
             "the broken device's heartbeat to report its circuit trip",
             timeout=3 * shared_state.HEARTBEAT_EVERY_S,
         )
+        # The open circuit stopped the worker consuming the shared batch queue: the
+        # worker itself says so (pinned work, its own queue, still comes).
+        node = f"gpu-cpu2@{socket.gethostname()}"
+        queues = {q["name"] for q in (app.control.inspect(destination=[node], timeout=5).active_queues() or {})[node]}
+        assert queues and not queues & set(SHARED_BATCH_QUEUES), queues
     finally:
         chaos_system.stop("gpu-cpu2")
         shared_state.forget_device(BROKEN)
@@ -422,7 +464,7 @@ def test_finding_5_a_hung_workers_batch_comes_back_once_not_twice(chaos_system: 
     # Issue 41, finding 5. The hung worker hands its batch back as a `.h` copy and dies;
     # its original message, left unacked, came back after the visibility timeout and
     # ran again while the copy was being searched. The broker must not redeliver it.
-    from dynamic_batching.protocol.names import SHARED_BATCH_QUEUES, UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key
+    from dynamic_batching.protocol.names import UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key
 
     r = shared_state.client()
     texts = [f"finding 5, input {i}" for i in range(4)]

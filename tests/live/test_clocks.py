@@ -77,10 +77,12 @@ def test_a_request_through_a_lagging_web_process_keeps_its_deadline(skewed_syste
         answers.append(got["result"])
     assert answers == [synthetic.embed(t) for t in texts]
     # Submitted by a clock 70 s behind, started by one 11 s behind: on one clock, the
-    # start follows the submission by well under a second, on both devices.
+    # start follows the submission, on both devices, and within the deadline. (That
+    # bound is the request's own deadline, already kept: it was answered, not expired;
+    # a skewed clock would show a gap of about -70 s or +59 s.)
     ran = {}
     for request_id in body["ids"]:
         d = details(request_id)
         ran[d["device"].split("@")[0]] = d["started_at"] - d["submitted_at"]
-    assert all(0 <= gap < 5 for gap in ran.values()), ran
+    assert all(0 <= gap <= 5 for gap in ran.values()), ran
     assert (shared_state.read_collector() or {}).get("stats", {}).get("republished", 0) == 0

@@ -10,6 +10,7 @@ this host with distinct devices (cpu:0, cpu:1), and says so in its output.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ from batching_site.processes import device_command, redis_server_command
 from dynamic_batching.conf import conf
 from dynamic_batching.edge.client import details, submit_many
 from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol.names import UNACKED_KEY, redeliveries_key, taken_key
 from dynamic_batching.store import shared_state
 from dynamic_batching.store.connection import connect
 
@@ -196,14 +198,28 @@ def test_losing_a_host_loses_no_request(two_hosts: tuple[Hosts, LocalSystem]) ->
     victim, survivor = hosts.hosts
     batch = texts("kill", 400)
     results = submit_many(batch, model="synthetic")
-    # Kill one host while it is running a batch, once the load is well under way.
+    # Kill one host while it holds a batch, once the load is well under way. The fault
+    # must land: the victim is stopped first (so it cannot finish between the look and
+    # the kill) and killed only while a batch message it took is still unacked.
     deadline = time.monotonic() + 30
     while sum(r.ready() for r in results[:100]) < 30:
         assert time.monotonic() < deadline, "no answers before the kill"
         time.sleep(0.02)
+    assert victim.proc is not None
+    r = shared_state.client()
+    held: list[str] = []
+    deadline = time.monotonic() + 30
+    while not held:
+        assert time.monotonic() < deadline, "the victim never held a batch"
+        os.killpg(victim.proc.pid, signal.SIGSTOP)
+        tags = list(r.hkeys(taken_key(victim.device_id)))
+        held = [json.loads(raw)[0]["headers"]["id"] for raw in (r.hmget(UNACKED_KEY, tags) if tags else []) if raw]
+        if not held:
+            os.killpg(victim.proc.pid, signal.SIGCONT)
+            time.sleep(0.01)
     hosts.kill(victim)
     killed_at = time.time()
-    assert victim.proc is not None and victim.proc.returncode == -signal.SIGKILL, victim.proc
+    assert victim.proc.returncode == -signal.SIGKILL, victim.proc
 
     # Every request is answered: the victim's unacked batch comes back after the
     # visibility timeout and runs on the survivor, and nothing is answered wrongly.
@@ -212,4 +228,6 @@ def test_losing_a_host_loses_no_request(two_hosts: tuple[Hosts, LocalSystem]) ->
     late = [d for d in (details(r) for r in results) if d["started_at"] > killed_at]
     assert late, "nothing ran after the kill"
     assert {d["device"] for d in late} == {survivor.device_id}
+    # The batches the victim held came back through the broker, counted as redelivered.
+    assert all(r.exists(redeliveries_key(task_id)) for task_id in held), f"no redelivery counted for {held}"
     print(f"multihost: {hosts.mode}; {len(late)} requests ran on the survivor after the kill")
