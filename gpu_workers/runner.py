@@ -195,7 +195,11 @@ class DeviceRunner:
         for r in todo:
             (late if r.get("deadline_at") is not None and started > r["deadline_at"] else live).append(r)
         outcomes = [
-            Outcome(r["id"], error=DeadlineExceeded(r["id"], "reached its deadline before a device was free"))
+            Outcome(
+                r["id"],
+                error=DeadlineExceeded(r["id"], "reached its deadline before a device was free"),
+                celery=r.get("celery"),
+            )
             for r in late
         ]
 
@@ -323,7 +327,9 @@ class DeviceRunner:
         r = todo[0]
         log.error("request %s came back %d times alone: answering it with an error", r["id"], times)
         error = WorkerCrashed(r["id"], times, self.device_id)
-        written = self._outcomes.write([Outcome(r["id"], error=error, details={"device": self.device_id})])
+        written = self._outcomes.write(
+            [Outcome(r["id"], error=error, details={"device": self.device_id}, celery=r.get("celery"))]
+        )
         return {**reply, "written": written}
 
     def _hand_back(
@@ -393,8 +399,8 @@ class DeviceRunner:
             "isolated": isolated,
         }
         if isinstance(res, BaseException):
-            return Outcome(r["id"], error=res, details=details)
-        return Outcome(r["id"], result=res, details=details)
+            return Outcome(r["id"], error=res, details=details, celery=r.get("celery"))
+        return Outcome(r["id"], result=res, details=details, celery=r.get("celery"))
 
     def _also(self, batch: dict[str, Any], outcomes: list[Outcome], base: dict[str, Any], run_s: float) -> Any:
         done = {

@@ -10,3 +10,4 @@ class BatchingConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+        from .edge import task  # noqa: F401 - registers batching.infer with every Celery app

@@ -14,6 +14,7 @@ from ..core.errors import DeadlineExceeded, RequestLost
 from ..protocol.names import DEADLINES_KEY, PRIORITIES, SHARED_BATCH_QUEUES, device_queue_name
 from ..protocol.results import Outcome
 from ..store import clock, deliveries, ledger, request_queues, shared_state
+from . import inbox
 
 if TYPE_CHECKING:
     from .loop import Collector
@@ -47,7 +48,13 @@ def expire_overdue(c: Collector, r: Any) -> None:
         return
     log.warning("answering %d request(s) past their deadline outside this collector with DeadlineExceeded", len(ids))
     detail = "passed its deadline before it was answered (queued, or in a batch that did not finish in time)"
-    c.outcomes.write([Outcome(i, error=DeadlineExceeded(i, detail)) for i in ids])
+    payloads = r.hmget(ledger.PAYLOADS_KEY, ids)
+    c.outcomes.write(
+        [
+            Outcome(i, error=DeadlineExceeded(i, detail), celery=inbox.celery_of(raw))
+            for i, raw in zip(ids, payloads, strict=True)
+        ]
+    )
     c.stats["expired_elsewhere"] = c.stats.get("expired_elsewhere", 0) + len(ids)
 
 
@@ -128,7 +135,12 @@ def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:
     request_queues.republish(r, [(tiers[t][1], t, tiers[t][0]) for t, _ in again])  # type: ignore[misc]
     if give_up:
         log.error("giving up on %d request(s) that went missing more than %d times", len(give_up), conf.LEDGER_ATTEMPTS)
-        c.outcomes.write([Outcome(t, error=RequestLost(t, n), details={"lost": True}) for t, n in give_up])
+        c.outcomes.write(
+            [
+                Outcome(t, error=RequestLost(t, n), details={"lost": True}, celery=inbox.celery_of(tiers[t][0]))
+                for t, n in give_up
+            ]
+        )
     c.stats["republished"] = c.stats.get("republished", 0) + len(again)
     c.stats["given_up"] = c.stats.get("given_up", 0) + len(give_up)
 

@@ -39,6 +39,19 @@ def parse_request(raw: bytes, priority: str) -> tuple[str, Request]:
     return task_id, request
 
 
+def celery_of(raw: bytes | None) -> dict[str, Any] | None:
+    """The Celery follow-ups a request message carries (tasks/protocol/canvas.py), for
+    an answer written without the request in hand (from the ledger); None if none, or
+    if the message cannot be read."""
+    if raw is None:
+        return None
+    try:
+        fields = wire.decode(raw).args[0].get("celery")
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
 def to_item(task_id: str, request: Request, *, now: float, wall: float, slow: bool) -> Item[Held]:
     """The scheduler's view of a request. Its age and deadline come in Redis's clock
     from the edge (tasks/store/clock.py) and are turned into the collector's own clock

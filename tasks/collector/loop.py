@@ -342,6 +342,7 @@ class Collector:
                     i.id,
                     error=DeadlineExceeded(i.id, "was not dispatched before its deadline, so it never ran"),
                     details={"expired": True, "priority": i.priority},
+                    celery=i.payload.request.celery if i.payload is not None else None,
                 )
                 for i in expired
             ]

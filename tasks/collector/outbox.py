@@ -25,18 +25,19 @@ def batch_body(model: str, batch: Batch[Held]) -> dict[str, Any]:
     for item in batch.items:
         assert item.payload is not None
         r = item.payload.request
-        requests.append(
-            {
-                "id": item.id,
-                "input": r.input,
-                "tokens": r.tokens,
-                "priority": r.priority,
-                "submitted_at": r.submitted_at,
-                "deadline_at": r.deadline_at,
-                "truncated": r.truncated,
-                "waited_s": max(0.0, batch.formed_at - item.enqueued_at),
-            }
-        )
+        body = {
+            "id": item.id,
+            "input": r.input,
+            "tokens": r.tokens,
+            "priority": r.priority,
+            "submitted_at": r.submitted_at,
+            "deadline_at": r.deadline_at,
+            "truncated": r.truncated,
+            "waited_s": max(0.0, batch.formed_at - item.enqueued_at),
+        }
+        if r.celery is not None:
+            body["celery"] = r.celery
+        requests.append(body)
     return {
         "batch_id": str(uuid.uuid4()),
         "model": model,

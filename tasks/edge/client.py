@@ -18,6 +18,7 @@ Safe to call from many threads and processes at once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -94,10 +95,10 @@ def submit_many(
         return []
     app = get_app()
     if not reply:
-        ids = _queue(inputs, priority, model, deadline_s, owner, quota, ids=None)
+        ids = admit(inputs, priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota)
         return [app.AsyncResult(task_id, task_name=REQUEST_TASK) for task_id in ids]
     key, ids = reply_ids(len(inputs))
-    _queue(inputs, priority, model, deadline_s, owner, quota, ids=ids)
+    admit(inputs, priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota, ids=ids)
     box = replies.Mailbox(shared_state.client(), key, ids, app.backend)
     return [Reply(task_id, box, app=app) for task_id in ids]
 
@@ -154,24 +155,28 @@ def run_many(
     if not inputs:
         return []
     key, ids = reply_ids(len(inputs))
-    _queue(inputs, priority, model, deadline_s, owner, quota, ids=ids)
+    admit(inputs, priority, model=model, deadline_s=deadline_s, owner=owner, quota=quota, ids=ids)
     metas = replies.wait(shared_state.client(), key, ids, get_app().backend, timeout=timeout)
     return [metas[t]["result"] for t in ids]
 
 
-def _queue(
+def admit(
     inputs: Iterable[Any],
-    priority: str,
-    model: str | None,
-    deadline_s: float | None,
-    owner: str,
-    quota: Quota | None,
+    priority: str = "normal",
     *,
-    ids: list[str] | None,
+    model: str | None = None,
+    deadline_s: float | None = None,
+    owner: str = "",
+    quota: Quota | None = None,
+    ids: list[str] | None = None,
+    celery: dict[str, Any] | None = None,
 ) -> list[str]:
     """Validate and queue `inputs` in one round trip; returns their task ids. With `ids`
-    (a reply group) each answer is also pushed onto the group's list for a caller that
-    waits; without, each request gets a fresh id and its answer is only stored."""
+    (a reply group, or the ids a Celery caller chose) each request takes its own; a
+    reply group's answers are also pushed onto the group's list for a caller that
+    waits. Without, each request gets a fresh id and its answer is only stored.
+    `celery`: the follow-ups (callbacks, chain, chord) each request carries to its
+    outcome (tasks/protocol/canvas.py)."""
     policy = _policy.get()
     requests = [
         accept(
@@ -184,6 +189,8 @@ def _queue(
         )
         for t in inputs
     ]
+    if celery is not None:
+        requests = [dataclasses.replace(r, celery=celery) for r in requests]
     if not requests:
         return []
     app = get_app()

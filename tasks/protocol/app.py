@@ -40,6 +40,7 @@ from .wire import kombu_queue
 #: start. By name: they sit above this layer, and only a worker needs them.
 TASK_MODULES = (
     "dynamic_batching.edge.intake",
+    "dynamic_batching.edge.task",
     "dynamic_batching.collector.rounds",
     "dynamic_batching.gpu_workers.task",
 )

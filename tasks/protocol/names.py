@@ -16,6 +16,9 @@ __all__ = ["PRIORITIES"]
 
 #: One request: a Celery task message that the collector consumes itself.
 REQUEST_TASK = "batching.request"
+#: The batched model as a task a host calls (`infer.delay(text)`, canvas, `send_task`):
+#: its apply_async admits a request through the edge (tasks/edge/task.py).
+INFER_TASK = "batching.infer"
 #: One batch, run by whichever device worker is free.
 BATCH_TASK = "batching.run_batch"
 #: Callback of a chord of batches sent in one collector turn (tasks/collector/rounds.py).

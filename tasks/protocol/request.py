@@ -23,10 +23,16 @@ class Request:
     truncated: bool = False
     #: It runs in a batch of its own (the `run_alone` oversized policy).
     alone: bool = False
+    #: The Celery follow-ups it was sent with (`link`, a chain, a chord: tasks/protocol/
+    #: canvas.py); left out of the message when there are none.
+    celery: dict[str, object] | None = None
 
     def to_message(self) -> dict[str, object]:
         # Not dataclasses.asdict, which deep-copies the input only to have it serialized.
-        return {name: getattr(self, name) for name in _FIELDS}
+        out = {name: getattr(self, name) for name in _FIELDS}
+        if self.celery is None:
+            del out["celery"]
+        return out
 
     @classmethod
     def from_message(cls, data: dict[str, object]) -> Request:
@@ -44,6 +50,7 @@ class Request:
             or (isinstance(request.deadline_at, number) and math.isfinite(request.deadline_at)),
             "truncated": isinstance(request.truncated, bool),
             "alone": isinstance(request.alone, bool),
+            "celery": request.celery is None or isinstance(request.celery, dict),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

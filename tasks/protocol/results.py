@@ -18,6 +18,8 @@ class Outcome:
     error: BaseException | None = None
     #: What the system knows about how this request ran: batch, device, timings.
     details: dict[str, Any] = field(default_factory=dict)
+    #: The Celery follow-ups its request was sent with (tasks/protocol/canvas.py).
+    celery: dict[str, Any] | None = None
 
 
 def result_meta(o: Outcome, backend: Any, date_done: str) -> dict[str, Any]:

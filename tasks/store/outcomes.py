@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 
 from dynamic_batching.conf import conf
 
-from ..protocol import lua
+from ..protocol import canvas, lua
 from ..protocol.names import (
     ANSWERS_KEY,
     DEADLINES_KEY,
@@ -68,7 +68,11 @@ class OutcomeWriter:
             # again (the writes are set-once; events and the done message may go twice).
             self._backend.client.script_load(_SET_ONCE_SCRIPT.script)
             results = self._pipeline(outcomes, also).execute()
-        return sum(int(x) for x in results[: len(outcomes)])
+        firsts = [o for o, new in zip(outcomes, results, strict=False) if int(new)]
+        if firsts:
+            # Only a first outcome: a second write of one follows up nothing.
+            canvas.follow_up(self._app, firsts)
+        return len(firsts)
 
     def _pipeline(self, outcomes: Sequence[Outcome], also: Callable[[Any], None] | None) -> Any:
         backend = self._backend
