@@ -35,6 +35,7 @@ import socket
 import threading
 
 from celery import Celery
+from celery.exceptions import TaskRevokedError
 
 from dynamic_batching.conf import conf
 
@@ -49,12 +50,13 @@ from ..core.slowness import fingerprint
 from ..protocol import wire
 from ..protocol.names import EVENTS_QUEUE
 from ..protocol.results import Outcome
-from ..store import clock, request_queues, shared_state
+from ..store import clock, ledger, request_queues, shared_state
 from ..store.lease import Lease, LeaseLost
 from ..store.outcomes import OutcomeWriter
 from . import housekeeping, inbox
 from .inbox import Held
 from .outbox import Outbox, batch_body
+from .revocations import Revocations
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,10 @@ class Collector:
         self.redis = shared_state.client()
         self.lease = Lease(self.redis, conf.COLLECTOR_LEASE_S)
         self.outbox = Outbox(app, self.redis, lease=self.lease, dispatch=conf.COLLECTOR_DISPATCH)
+        #: Ids revoked through Celery, heard by this worker's control thread.
+        self.revocations = Revocations()
+        #: A request whose answer is stored under this prefix is dropped when taken.
+        self._answered_prefix = app.backend.get_key_for_task("x")[:-1]
 
     # The dispatch mode and the devices' names belong to the outbox; these let a test
     # or a benchmark set them on the collector.
@@ -158,6 +164,7 @@ class Collector:
         return False
 
     def _turn(self) -> None:
+        self._revoke()
         self._housekeeping()
         self._expire()
         self._dispatch()
@@ -178,9 +185,13 @@ class Collector:
         housekeeping.run(self, self.redis, now)
 
     def _take(self) -> None:
-        tiers, events = request_queues.take(self.redis, self.window, self._token())
+        tiers, events, dropped = request_queues.take(self.redis, self.window, self._token(), self._answered_prefix)
         for raw in events:
             self._on_event(raw)
+        if dropped:
+            # Answered while queued (revoked): the write is refused, and strikes each
+            # one's ledger entry and frees its owner's slot.
+            self.outcomes.write([Outcome(t, error=TaskRevokedError("revoked")) for t in dropped])
         self._add(tiers)
 
     def adopt(self) -> int:
@@ -329,6 +340,42 @@ class Collector:
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)
             self.metrics.batch_sent(batch, self.policy.for_model(model).max_batch_size)
+
+    def _revoke(self) -> None:
+        """Apply the revocations heard since the last turn (collector/revocations.py)."""
+        ids = list(dict.fromkeys(self.revocations.take()))
+        if not ids:
+            return
+        running = {task_id for requests in self.slots.requests.values() for task_id in requests}
+        for task_id in (i for i in ids if i in running):
+            log.info("request %s is revoked but already in a running batch: it finishes", task_id)
+        ids = [i for i in ids if i not in running]
+        unheld = [i for i in ids if i not in self.held]
+        payloads = dict(zip(unheld, self.redis.hmget(ledger.PAYLOADS_KEY, unheld), strict=True)) if unheld else {}
+        waiting = dict(zip(unheld, ledger.scores(self.redis, unheld), strict=True))
+        outcomes, acks = [], []
+        for task_id in ids:
+            item = self.held.pop(task_id, None)
+            if item is not None:
+                assert item.payload is not None
+                request = item.payload.request
+                sched = self.schedulers.get(request.model)
+                if not (sched is not None and sched.cancel(item)):
+                    self.slow_lane.cancel(item)
+                acks.append((item.priority, task_id))
+                fields = request.celery
+            elif waiting.get(task_id) is not None:
+                fields = inbox.celery_of(payloads.get(task_id))  # still in its queue
+            else:
+                continue  # answered already, or not a batching request
+            error = TaskRevokedError("revoked")
+            outcomes.append(Outcome(task_id, error=error, details={"revoked": True}, celery=fields))
+        if outcomes:
+            self.outcomes.write(outcomes)
+            log.info("revoked %d request(s) before they ran", len(outcomes))
+        if acks:
+            request_queues.ack(self.redis, self._token(), acks)
+        self.stats["revoked"] = self.stats.get("revoked", 0) + len(outcomes)
 
     def _expire(self) -> None:
         expired: list[Item[Held]] = self.slow_lane.expire()

@@ -18,6 +18,7 @@ from dynamic_batching.conf import conf
 
 from ..core.lifetime import die_with_parent
 from ..store.lease import LeaseLost
+from . import revocations
 from .loop import Collector
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class CollectorStep(bootsteps.StartStopStep):
             window=conf.COLLECTOR_WINDOW,
             batches_ahead=conf.COLLECTOR_BATCHES_AHEAD,
         )
+        revocations.listen(collector.revocations.heard)
         self.thread = threading.Thread(target=self._run, args=(collector,), name="collector", daemon=True)
         self.thread.start()
 

@@ -249,6 +249,15 @@ class Scheduler(Generic[P]):
                 expired.append(item)
         return expired
 
+    def cancel(self, item: Item[P]) -> bool:
+        """Take out a waiting request that must never run (its caller revoked it).
+        False if it has left already (taken into a batch, or expired)."""
+        if item.state != _PENDING:
+            return False
+        self._tiers[item.priority].discard(item, _EXPIRED)
+        self._on_maybe_empty(item.priority)
+        return True
+
     # --- when and what to dispatch ------------------------------------------------
 
     def trigger(self) -> str | None:

@@ -51,6 +51,13 @@ class SlowLane(Generic[P]):
         self._waiting.append((model, item))
         return True
 
+    def cancel(self, item: Item[P]) -> bool:
+        """Take out a waiting input that must never run; False if it is not here."""
+        kept = deque((m, i) for m, i in self._waiting if i is not item)
+        found = len(kept) < len(self._waiting)
+        self._waiting = kept
+        return found
+
     def oldest_wait_s(self) -> float:
         return self._clock() - self._waiting[0][1].enqueued_at if self._waiting else 0.0
 

@@ -31,7 +31,9 @@ from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery, signals
+from celery.app.task import Context
 from celery.app.trace import build_tracer
+from celery.exceptions import TaskRevokedError
 from kombu.utils.json import dumps, loads
 
 from .names import INFER_TASK
@@ -115,6 +117,15 @@ def _trace(app: Celery, outcome: Outcome, fields: Mapping[str, Any]) -> None:
         "hostname": _HOSTNAME,
         "is_eager": False,
     }
+    if isinstance(outcome.error, TaskRevokedError):
+        # What a worker does for a revoked task: its chord counts it, task_revoked fires
+        # (no errbacks, no chain).
+        context = Context(request)
+        app.backend.mark_as_revoked(outcome.task_id, str(outcome.error), request=context, store_result=False)
+        signals.task_revoked.send(
+            sender=app.tasks[INFER_TASK], request=context, terminated=False, signum=None, expired=False
+        )
+        return
     token = _REPLAY.set(outcome)
     try:
         tracer(outcome.task_id, (), {}, request)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
+from celery.exceptions import TaskRevokedError
 
 
 @dataclass(slots=True)
@@ -27,7 +28,8 @@ def result_meta(o: Outcome, backend: Any, date_done: str) -> dict[str, Any]:
     if o.error is None:
         status, result, trace = states.SUCCESS, o.result, None
     else:
-        status = states.FAILURE
+        # Revoked before it ran: Celery's REVOKED, which `.get()` raises as the error.
+        status = states.REVOKED if isinstance(o.error, TaskRevokedError) else states.FAILURE
         result = backend.prepare_exception(o.error)
         trace = "".join(tb.format_exception(o.error)) if o.error.__traceback__ else None
     return {

@@ -143,10 +143,14 @@ def admit(
     return Admission(bool(ok), int(depth), refused_by, int(retry_ms) / 1000.0)
 
 
-def take(r: redis.Redis, window: int, token: str) -> tuple[dict[str, list[bytes]], list[bytes]]:
+def take(
+    r: redis.Redis, window: int, token: str, answered_prefix: bytes | str = b""
+) -> tuple[dict[str, list[bytes]], list[bytes], list[str]]:
     """Up to `window` held per tier: the newly taken messages of each tier, oldest
-    first, and the waiting events, oldest first. Raises LeaseLost (moving nothing)
-    unless `token` is the lease's fencing token."""
+    first, the waiting events, oldest first, and the ids of messages dropped because
+    their request has an answer under `answered_prefix` + its id already (revoked while
+    queued). Raises LeaseLost (moving nothing) unless `token` is the lease's fencing
+    token."""
     keys = [
         *(request_queue_name(p) for p in PRIORITIES),
         *(held_key(p) for p in PRIORITIES),
@@ -154,11 +158,15 @@ def take(r: redis.Redis, window: int, token: str) -> tuple[dict[str, list[bytes]
         EVENTS_QUEUE,
         COLLECTOR_LEASE_KEY,
     ]
-    out = _TAKE_SCRIPT(keys=keys, args=[window, token], client=r)
+    out = _TAKE_SCRIPT(keys=keys, args=[window, token, answered_prefix], client=r)
     if not out:
         raise LeaseLost("another collector holds the lease")
-    *tiers, events = out
-    return dict(zip(PRIORITIES, tiers, strict=True)), list(reversed(events))
+    *tiers, events, dropped = out
+    return (
+        dict(zip(PRIORITIES, tiers, strict=True)),
+        list(reversed(events)),
+        [d.decode() if isinstance(d, bytes) else d for d in dropped],
+    )
 
 
 def wait(r: redis.Redis, timeout_s: float, *, requests: bool) -> bytes | None:

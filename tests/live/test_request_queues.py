@@ -135,7 +135,7 @@ def test_a_lost_answer_cannot_pin_a_quota_forever(r: Any) -> None:
 def test_take_holds_up_to_the_window_oldest_first_and_held_count_toward_the_cap(r: Any, token: str) -> None:
     queued = messages("normal", 5)
     assert request_queues.admit(r, "normal", 5, queued)[0]
-    tiers, events = request_queues.take(r, 3, token)
+    tiers, events, _ = request_queues.take(r, 3, token)
     assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in queued[:3]]
     assert tiers["high"] == tiers["low"] == [] and events == []
     assert r.llen(request_queues.WAKE_KEY) == 0
@@ -165,7 +165,7 @@ def test_release_puts_held_requests_back_at_the_head_in_order(r: Any, token: str
     later = messages("normal", 2, "later")
     request_queues.admit(r, "normal", 10, later)
     request_queues.release(r, [("normal", t) for t, _ in first])
-    tiers, _ = request_queues.take(r, 10, token)
+    tiers, _, _ = request_queues.take(r, 10, token)
     assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in first + later]
 
 
@@ -175,14 +175,14 @@ def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
 
         for i in range(3):
             publish_event(producer, {"kind": "done", "batch_id": f"b{i}"}, EVENTS_QUEUE)
-    _, events = request_queues.take(r, 10, token)
+    _, events, _ = request_queues.take(r, 10, token)
     assert [wire.body(e)["batch_id"] for e in events] == ["b0", "b1", "b2"]
     assert request_queues.take(r, 10, token)[1] == []
 
 
 def test_a_message_without_an_id_is_returned_but_never_held(r: Any, token: str) -> None:
     r.lpush(request_queue_name("low"), "not json at all", json.dumps({"headers": {}, "body": "e30="}))
-    tiers, _ = request_queues.take(r, 10, token)
+    tiers, _, _ = request_queues.take(r, 10, token)
     assert len(tiers["low"]) == 2
     assert request_queues.held(r)["low"] == []
     with pytest.raises(ValueError, match="not a task message"):

@@ -7,6 +7,16 @@ redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
 redis.call('ZREM', KEYS[7], ARGV[3])
+-- An owned request leaves its owner's in-flight set either way: its answer may have been
+-- stored by another writer first (Celery's own revoke handler stores REVOKED). The
+-- set's name is built here, from the owner key's "<tier>|<owner>"
+-- (tasks/protocol/names.py::in_flight_key): a single Redis, not a cluster, so a key not
+-- declared in KEYS is safe.
+local record = redis.call('GET', KEYS[6])
+if record then
+    local bar = string.find(record, '|', 1, true)
+    redis.call('ZREM', ARGV[4] .. string.sub(record, bar + 1) .. ':' .. string.sub(record, 1, bar - 1), ARGV[3])
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
     -- An id of version 8 belongs to a reply group (tasks/protocol/names.py::reply_key, the
@@ -17,15 +27,8 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
         redis.call('EXPIRE', replies, ARGV[2])
     end
     redis.call('HINCRBY', KEYS[2], 'first', 1)
-    -- An owned request leaves its owner's in-flight set, and who owns it is kept as
-    -- long as its answer. The set's name is built here, from the owner key's
-    -- "<tier>|<owner>" (tasks/protocol/names.py::in_flight_key): a single Redis, not a
-    -- cluster, so a key not declared in KEYS is safe.
-    local record = redis.call('GET', KEYS[6])
+    -- Who owns it is kept as long as its answer.
     if record then
-        local bar = string.find(record, '|', 1, true)
-        local tier, owner = string.sub(record, 1, bar - 1), string.sub(record, bar + 1)
-        redis.call('ZREM', ARGV[4] .. owner .. ':' .. tier, ARGV[3])
         redis.call('EXPIRE', KEYS[6], ARGV[2])
     end
     return 1

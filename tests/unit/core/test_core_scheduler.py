@@ -96,6 +96,19 @@ def test_expire_returns_each_late_item_exactly_once() -> None:
     assert batch is not None and batch.items == (c,)
 
 
+def test_a_cancelled_item_never_runs_never_expires_and_cancels_once() -> None:
+    s, clock = make()
+    a, b = item(deadline=1.0, priority="high"), item()
+    s.add_many([a, b])
+    assert s.cancel(a) is True
+    assert s.cancel(a) is False
+    assert len(s) == 1 and s.depth("high") == 0
+    clock.t = 5.0
+    assert s.expire() == []
+    assert [bt.items for bt in drain(s)] == [(b,)]
+    assert s.cancel(b) is False, "already taken"
+
+
 def test_a_dispatched_item_never_expires_later() -> None:
     s, clock = make()
     a = item(deadline=1.0)

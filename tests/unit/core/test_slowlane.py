@@ -56,3 +56,13 @@ def test_the_admin_offers_exactly_the_lane_policies_the_core_knows() -> None:
     from dynamic_batching.models import BatchingPolicy
 
     assert [c for c, _ in BatchingPolicy._meta.get_field("slow_lane").choices] == list(SLOW_LANE_POLICIES)
+
+
+def test_a_cancelled_input_leaves_the_lane() -> None:
+    clock = FakeClock()
+    lane: SlowLane[None] = SlowLane(clock)
+    a, b = item(1), item(2)
+    lane.add("m", a)
+    lane.add("m", b)
+    assert lane.cancel(a) is True and lane.cancel(a) is False
+    assert len(lane) == 1

@@ -1,0 +1,63 @@
+"""Revoking requests through Celery's own API (issue 39, cancellation): a request still
+queued or held never runs, its state is REVOKED once, `.get()` raises
+TaskRevokedError, and its owner's in-flight slots are freed at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery.exceptions import TaskRevokedError
+from polling import poll_until
+
+from batching_site.celery import app
+from dynamic_batching.core.quota import Quota
+from dynamic_batching.edge.client import submit_many
+from dynamic_batching.gpu_workers.models import synthetic
+from dynamic_batching.protocol.names import in_flight_key
+from dynamic_batching.store import shared_state
+
+pytestmark = pytest.mark.live
+
+OWNER = "user:revoker"
+
+
+def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    r = shared_state.client()
+    quota = Quota(rate_per_s=10_000, burst=10_000, max_in_flight=10_000, tier_share=1.0)
+    backlog_texts = [f"backlog {i}" for i in range(400)]
+    backlog = submit_many(backlog_texts, model="synthetic", owner=OWNER, quota=quota)
+    doomed = submit_many([f"revoked {i}" for i in range(100)], model="synthetic", owner=OWNER, quota=quota)
+    # No device yet: the collector holds its window (256) and the rest waits queued, so
+    # both a held and a queued request are revoked.
+    bare_redis.start_collector()
+    poll_until(lambda: r.hlen("batching:held:normal") >= 256, "the collector to hold its window", timeout=60)
+    assert r.zcard(in_flight_key(OWNER, "normal")) == 500
+
+    for result in doomed[:50]:
+        result.revoke()  # one by one, as a script would
+    app.control.revoke([result.id for result in doomed[50:]])  # and many at once
+
+    poll_until(lambda: all(x.state == "REVOKED" for x in doomed), "every revoked request to read REVOKED", timeout=30)
+    # Celery's own revoke handler stores REVOKED at once; the collector's next turn
+    # (0.25 s) takes them out and frees their owner's slots.
+    t0 = time.monotonic()
+    poll_until(lambda: r.zcard(in_flight_key(OWNER, "normal")) == 400, "their in-flight slots to be freed", timeout=10)
+    print(f"in-flight slots freed {time.monotonic() - t0:.2f} s after REVOKED")
+    with pytest.raises(TaskRevokedError):
+        doomed[0].get(timeout=5)
+
+    bare_redis.start_device("cpu:0")
+    assert [x.get(timeout=120) for x in backlog] == [synthetic.embed(t) for t in backlog_texts]
+    assert all(x.state == "REVOKED" for x in doomed), "a revoked request was answered after all"
+    beat = poll_until(
+        lambda: (
+            next(iter(shared_state.live_devices().values()), {}).get("requests", 0) >= 400
+            and shared_state.live_devices()
+        ),
+        "the device's heartbeat to count the backlog",
+        timeout=30,
+    )
+    [device] = beat.values()
+    assert device["requests"] == 400, f"the device ran {device['requests']} requests: a revoked one ran"
+    assert r.zcard(in_flight_key(OWNER, "normal")) == 0
