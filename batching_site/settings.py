@@ -104,6 +104,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+#: STARTED when a request's batch begins (its device stores it; docs/celery.md says what
+#: it costs). A request STARTED finishes if revoked, as a started Celery task does.
+CELERY_TASK_TRACK_STARTED = env.bool("TASK_TRACK_STARTED", default=True)
 
 BATCHING = {
     "REDIS_URL": REDIS_URL,

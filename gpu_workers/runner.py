@@ -203,6 +203,8 @@ class DeviceRunner:
             for r in late
         ]
 
+        if live and self.app.conf.task_track_started:
+            self._outcomes.started([r["id"] for r in live], self.device_id)
         slow_lane = batch.get("lane") == "slow"
         t0 = self.preempt.own_clock()
         #: Requests answered while their batch was still being searched for a slow

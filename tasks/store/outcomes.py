@@ -12,9 +12,11 @@ that already have one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery import states
 from celery.app.base import Celery
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
@@ -54,7 +56,26 @@ class OutcomeWriter:
             return set()
         backend = self._backend
         values = backend.client.mget([backend.get_key_for_task(t) for t in task_ids])
-        return {t for t, v in zip(task_ids, values, strict=True) if v is None}
+        # STARTED (task_track_started) is no outcome: a redelivered batch runs it again.
+        return {
+            t
+            for t, v in zip(task_ids, values, strict=True)
+            if v is None or backend.decode_result(v).get("status") not in states.READY_STATES
+        }
+
+    def started(self, task_ids: Sequence[str], hostname: str) -> None:
+        """Store Celery's STARTED state for requests whose batch begins (with the app's
+        `task_track_started`), in one round trip, as Celery's worker would for a task:
+        never over an outcome already stored (a request revoked meanwhile stays
+        REVOKED), and replaced by the final one (set_once.lua). A request STARTED is one
+        Celery's revoke handler leaves alone: it finishes."""
+        backend = self._backend
+        pipe = backend.client.pipeline(transaction=False)
+        result = {"pid": os.getpid(), "hostname": hostname}
+        for task_id in task_ids:
+            meta = {"status": states.STARTED, "result": result, "traceback": None, "children": [], "task_id": task_id}
+            pipe.set(backend.get_key_for_task(task_id), backend.encode(meta), nx=True, ex=int(conf.RESULT_EXPIRES_S))
+        pipe.execute()
 
     def write(self, outcomes: Sequence[Outcome], *, also: Callable[[Any], None] | None = None) -> int:
         """Store every outcome in one round trip. Returns how many were new.

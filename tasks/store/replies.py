@@ -100,8 +100,8 @@ class Mailbox:
         for raw in raws:
             meta = self._backend.decode_result(raw)
             task_id = meta.get("task_id")
-            if task_id not in self._ids:
-                continue
+            if task_id not in self._ids or meta.get("status") not in states.READY_STATES:
+                continue  # not ours, or STARTED (task_track_started): not an answer yet
             self._popped += from_list
             self._got.setdefault(task_id, meta)
         if len(self._got) == len(self._ids) and self._popped < len(self._ids):

@@ -57,6 +57,7 @@ def test_missing_names_exactly_the_ids_without_an_outcome(bare_redis) -> None:  
     writer = OutcomeWriter(app)
     _, ids = reply_ids(4)
     writer.write([Outcome(ids[0], result=[0.0]), Outcome(ids[2], error=DeadlineExceeded(ids[2], "late"))])
+    writer.started([ids[3]], "cpu:7@here")  # STARTED is no outcome
     assert writer.missing(ids) == {ids[1], ids[3]}
     assert writer.missing([]) == set()
 
@@ -96,3 +97,41 @@ def test_a_request_past_its_deadline_when_its_batch_starts_gets_its_own_error(ba
     with pytest.raises(DeadlineExceeded, match="before a device was free"):
         AsyncResult(late["id"], app=app).get(timeout=5)
     assert AsyncResult(in_time["id"], app=app).get(timeout=5) == synthetic.embed("in time")
+
+
+class Watching:
+    """The synthetic model, noting each request's state as its batch runs."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+        self.seen: list[str] = []
+
+    def load(self, device: str) -> Any:
+        runner = synthetic.SyntheticSpec().load(device)
+        run_batch = runner.run_batch
+
+        def watched(inputs: Any) -> Any:
+            self.seen = [AsyncResult(t, app=app).state for t in self.ids]
+            return run_batch(inputs)
+
+        runner.run_batch = watched  # type: ignore[method-assign]
+        return runner
+
+
+def test_with_task_track_started_a_request_is_started_while_its_batch_runs(
+    bare_runner: DeviceRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dynamic_batching.gpu_workers import runner as runner_module
+
+    batch = batch_of(["one", "two"])
+    ids = [r["id"] for r in batch["requests"]]
+    watching = Watching(ids)
+    monkeypatch.setattr(runner_module, "get_spec", lambda name: watching)
+    before, app.conf.task_track_started = app.conf.task_track_started, True
+    try:
+        bare_runner.execute(batch)
+    finally:
+        app.conf.task_track_started = before
+    assert watching.seen == ["STARTED", "STARTED"], watching.seen
+    assert [AsyncResult(t, app=app).state for t in ids] == ["SUCCESS", "SUCCESS"], "the answer replaced STARTED"
+    assert AsyncResult(ids[0], app=app).get(timeout=5) == synthetic.embed("one")

@@ -61,3 +61,18 @@ def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) ->
     [device] = beat.values()
     assert device["requests"] == 400, f"the device ran {device['requests']} requests: a revoked one ran"
     assert r.zcard(in_flight_key(OWNER, "normal")) == 0
+
+
+def test_a_request_already_running_when_revoked_finishes(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # With task_track_started (the site's default), a request is STARTED once its batch
+    # begins; Celery's revoke handler leaves a started task alone, and so does the
+    # collector: it finishes, as a started Celery task revoked without terminate does.
+    bare_redis.start_collector()
+    bare_redis.start_device("cpu:0", env={"SYNTHETIC_PER_TOKEN_S": "0.01"})  # about 2 s for this text
+    bare_redis.wait_ready(1)
+    text = "runs for a while " + "w " * 200
+    [result] = submit_many([text], model="synthetic")
+    poll_until(lambda: result.state == "STARTED", "the request to start", timeout=30)
+    result.revoke()
+    assert result.get(timeout=30) == synthetic.embed(text)
+    assert result.state == "SUCCESS"

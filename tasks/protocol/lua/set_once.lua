@@ -17,7 +17,20 @@ if record then
     local bar = string.find(record, '|', 1, true)
     redis.call('ZREM', ARGV[4] .. string.sub(record, bar + 1) .. ':' .. string.sub(record, 1, bar - 1), ARGV[3])
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+-- A final answer replaces only nothing, or the STARTED state its device stored when its
+-- batch began (task_track_started; tasks/store/outcomes.py::started).
+local function is_started(raw)
+    local ok, meta = pcall(cjson.decode, raw)
+    return ok and type(meta) == 'table' and meta['status'] == 'STARTED'
+end
+local stored = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+if not stored then
+    local current = redis.call('GET', KEYS[1])
+    if current and is_started(current) then
+        stored = redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+    end
+end
+if stored then
     redis.call('PUBLISH', KEYS[1], ARGV[1])
     -- An id of version 8 belongs to a reply group (tasks/protocol/names.py::reply_key, the
     -- same rule): its answer also goes onto the group's list, where its caller pops it.

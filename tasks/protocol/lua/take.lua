@@ -11,6 +11,12 @@ if redis.call('GET', KEYS[9]) ~= ARGV[2] then
     return false
 end
 redis.call('DEL', KEYS[7])
+-- STARTED (task_track_started) is no answer: a request its device began may be queued
+-- again (the ledger sweep), and must be taken.
+local function is_started(raw)
+    local ok, meta = pcall(cjson.decode, raw)
+    return ok and type(meta) == 'table' and meta['status'] == 'STARTED'
+end
 local out = {}
 local dropped = {}
 for t = 1, 3 do
@@ -23,7 +29,8 @@ for t = 1, 3 do
                 local ok, m = pcall(cjson.decode, raw)
                 if ok and type(m) == 'table' and type(m['headers']) == 'table'
                         and type(m['headers']['id']) == 'string' then
-                    if redis.call('EXISTS', ARGV[3] .. m['headers']['id']) == 0 then
+                    local answer = redis.call('GET', ARGV[3] .. m['headers']['id'])
+                    if not answer or is_started(answer) then
                         redis.call('HSET', KEYS[3 + t], m['headers']['id'], raw)
                         got[#got + 1] = raw
                     else
