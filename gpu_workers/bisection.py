@@ -111,7 +111,9 @@ class Bisector:
         except Exception as exc:  # noqa: BLE001 - the model's failure becomes outcomes
             runner.after_failure(exc)
             if len(reqs) == 1:
-                return [InferenceError(f"model failed on this input: {type(exc).__name__}: {exc}")]
+                # The model's own exception, its type and traceback kept: the caller's
+                # `.get()` raises it, `.traceback` shows where (docs/models.md).
+                return [exc]
             return self._halves(model, runner, reqs, until, on_part)
         if not slow_lane:
             costs.observe(padded, self.clock() - t0)

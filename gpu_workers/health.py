@@ -30,7 +30,7 @@ def device_failed(results: list[Any]) -> bool:
     errors = [r for r in results if isinstance(r, BaseException)]
     if not results or len(errors) != len(results):
         return False
-    return any(m in str(e) for e in errors for m in _DEVICE_ERROR_MARKS)
+    return any(m in f"{type(e).__name__}: {e}" for e in errors for m in _DEVICE_ERROR_MARKS)
 
 
 class DeviceHealth:

@@ -36,6 +36,7 @@ from celery.app.trace import build_tracer
 from celery.exceptions import TaskRevokedError
 from kombu.utils.json import dumps, loads
 
+from ..core.errors import BatchingError
 from .names import INFER_TASK
 from .results import Outcome
 
@@ -95,11 +96,27 @@ def follow_up(app: Celery, outcomes: Iterable[Outcome]) -> None:
             if everyone is None:
                 everyone = signals_wanted()
             if not everyone:
+                _log_own_failure(outcome)
                 continue
         try:
             _trace(app, outcome, fields or {})
         except Exception:  # noqa: BLE001 - the answer is stored; a callback's failure is logged
             log.exception("could not send the Celery follow-ups of request %s", outcome.task_id)
+
+
+def _log_own_failure(outcome: Outcome) -> None:
+    """A request's own failure (the model's exception), logged once, with its id, where
+    the tracer does not log it (it does when it follows the request up)."""
+    error = outcome.error
+    if error is None or isinstance(error, BatchingError | TaskRevokedError):
+        return  # an answer, or the system's own error (logged where it was decided)
+    log.error(
+        "request %s failed: %s: %s",
+        outcome.task_id,
+        type(error).__name__,
+        error,
+        exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
+    )
 
 
 def _trace(app: Celery, outcome: Outcome, fields: Mapping[str, Any]) -> None:

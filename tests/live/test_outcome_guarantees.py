@@ -135,3 +135,16 @@ def test_with_task_track_started_a_request_is_started_while_its_batch_runs(
     assert watching.seen == ["STARTED", "STARTED"], watching.seen
     assert [AsyncResult(t, app=app).state for t in ids] == ["SUCCESS", "SUCCESS"], "the answer replaced STARTED"
     assert AsyncResult(ids[0], app=app).get(timeout=5) == synthetic.embed("one")
+
+
+def test_a_requests_own_failure_is_logged_once_with_its_id(
+    bare_runner: DeviceRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    batch = batch_of(["fine", "refused !fail", "fine too"])
+    bad = batch["requests"][1]["id"]
+    with caplog.at_level("ERROR", logger="dynamic_batching.protocol.canvas"):
+        bare_runner.execute(batch)
+    lines = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"request {bad} failed: PoisonInput: "), lines
+    with pytest.raises(synthetic.PoisonInput):
+        AsyncResult(bad, app=app).get(timeout=5)

@@ -16,7 +16,6 @@ from celery.result import AsyncResult
 from polling import poll_until
 
 from batching_site.celery import app
-from dynamic_batching.core.errors import InferenceError
 from dynamic_batching.edge.client import details, gather, run_many, submit, submit_many
 from dynamic_batching.gpu_workers.models import synthetic
 from dynamic_batching.protocol import wire
@@ -49,7 +48,7 @@ def assert_own_answers(texts: list[str], values: list[object]) -> None:
     assert len(values) == len(texts)
     for text, value in zip(texts, values, strict=True):
         if "!fail" in text:
-            assert isinstance(value, InferenceError) and "PoisonInput" in str(value)
+            assert isinstance(value, synthetic.PoisonInput) and "refuses input" in str(value)
         else:
             assert value == synthetic.embed(text)
 
@@ -125,7 +124,7 @@ def test_one_poison_input_fails_alone(live_system) -> None:  # type: ignore[no-u
     results = submit_many(texts, model="synthetic")
     for text, r in zip(texts, results, strict=True):
         if "!fail" in text:
-            with pytest.raises(InferenceError, match="PoisonInput"):
+            with pytest.raises(synthetic.PoisonInput, match="refuses input"):
                 r.get(timeout=60)
             assert r.state == "FAILURE"
         else:
