@@ -47,7 +47,7 @@ from celery.result import AsyncResult
 from ..protocol import canvas
 from ..protocol.names import INFER_TASK, PRIORITIES, reply_ids
 from ..store import replies, shared_state
-from . import client
+from . import aio, client
 
 #: Celery's numeric priority (Redis transport: 0 is the most urgent) -> tier, by the
 #: highest number each tier takes.
@@ -108,6 +108,14 @@ class BatchedTask(Task):
             return client.Reply(ids[0], box, app=self.app)
         client.admit([call.pop("input")], tier, deadline_s=deadline_s, ids=[task_id], celery=fields, **call)
         return self.AsyncResult(task_id)
+
+    async def asubmit(self, *args: Any, **kwargs: Any) -> aio.AwaitableResult:
+        """For asyncio code: admit as `delay` does (infer's own arguments), and return
+        a result to await: `vector = await (await infer.asubmit(text))`, or
+        `await result.aget(timeout=10)` (tasks/edge/aio.py)."""
+        call = _arguments(args, kwargs)
+        tier = call.pop("priority", None) or "normal"
+        return await aio.asubmit(call.pop("input"), priority=tier, **call)
 
 
 def _arguments(args: Any, kwargs: Any) -> dict[str, Any]:
