@@ -23,6 +23,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import redis
+from celery import states
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
@@ -39,6 +40,7 @@ from dynamic_batching.core.errors import Overloaded, QuotaExceeded
 from dynamic_batching.gpu_workers.models import get_spec, model_names
 from dynamic_batching.gpu_workers.models.base import check_text
 from dynamic_batching.models import ApiToken
+from dynamic_batching.protocol.app import get_app
 from dynamic_batching.protocol.names import PRIORITIES
 from dynamic_batching.store import owners, shared_state
 
@@ -285,6 +287,34 @@ def get_request(request: HttpRequest, request_id: uuid.UUID) -> dict[str, Any]:
     if not access.may_read(request, request.auth, str(request_id)):
         raise HttpError(404, "no such request of yours")
     return timeline.read(str(request_id))
+
+
+class CancelOut(Schema):
+    id: str
+    status: str = Field(description="The request's state when the cancel was sent: PENDING or STARTED.")
+    detail: str
+
+
+@api.delete(
+    "/requests/{request_id}",
+    response={202: CancelOut, 404: Error, 409: Error, **ERRORS},
+    summary="Cancel a request that has not run",
+)
+def cancel_request(request: HttpRequest, request_id: uuid.UUID) -> Status:
+    """Revoke it, as Celery's `AsyncResult(id).revoke()` does: a request still queued
+    or held never runs and ends REVOKED (within a collector turn, 0.25 s); one already
+    in a running batch (STARTED) finishes. Its owner and staff only: 404 for anybody
+    else; 409 once it has finished."""
+    task_id = str(request_id)
+    if not access.may_read(request, request.auth, task_id):
+        raise HttpError(404, "no such request of yours")
+    result = get_app().AsyncResult(task_id)
+    state = result.state
+    if state in states.READY_STATES:
+        raise HttpError(409, f"request {task_id} has finished already ({state}): nothing to cancel")
+    result.revoke()
+    detail = "its batch is running: it finishes" if state == states.STARTED else "it will not run: it ends REVOKED"
+    return Status(202, {"id": task_id, "status": state, "detail": detail})
 
 
 @api.get("/stats", response={200: dict[str, Any], **ERRORS}, summary="The dashboard's numbers")

@@ -83,6 +83,16 @@ MATRIX: dict[str, Row] = {
 }
 
 
+#: Other methods on a route above, each with its own owner rule.
+ALSO: dict[str, Row] = {
+    # A's request has finished when this runs: its owner and staff get 409 (nothing to
+    # cancel), anybody else the same 404 as for an id that never existed.
+    "DELETE api/v1/requests/<request_id>": Row(
+        "DELETE", lambda a: f"/api/v1/requests/{a}", each(401, 409, 404, 409, 409, 401)
+    ),
+}
+
+
 def url_patterns(patterns: list | None = None, prefix: str = "") -> set[str]:
     """Every route of the site, through every include (batching's, and the API's within
     it), by its full pattern; the admin as one."""
@@ -99,6 +109,7 @@ def test_every_url_pattern_has_an_owner_rule() -> None:
     routes = url_patterns()
     assert routes - MATRIX.keys() == set(), "URLs with no owner rule: add a row to MATRIX and to docs/security.md"
     assert MATRIX.keys() - routes == set(), "rows for URLs that no longer exist"
+    assert {k.split(" ", 1)[1] for k in ALSO} <= routes
 
 
 @pytest.fixture
@@ -123,6 +134,8 @@ def call(client: Client, row: Row, a_id: str):  # type: ignore[no-untyped-def]
     path = row.path(a_id)
     if row.method == "POST":
         return client.post(path, data=json.dumps(row.body), content_type="application/json")
+    if row.method == "DELETE":
+        return client.delete(path)
     return client.get(path)
 
 
@@ -159,7 +172,9 @@ def test_authorization_matrix(live_system: object, clients: dict[str, Client]) -
     assert "clients" not in a.get("/api/v1/stats").json()
 
     seen: dict[tuple[str, str], int] = {}
-    for route, row in MATRIX.items():
+    rows = {**MATRIX, **ALSO}
+    logout = rows.pop("logout/")  # last: it ends the sessions the others use
+    for route, row in [*rows.items(), ("logout/", logout)]:
         for caller in CALLERS:
             response = call(clients[caller], row, a_id)
             seen[(route, caller)] = response.status_code
@@ -167,5 +182,6 @@ def test_authorization_matrix(live_system: object, clients: dict[str, Client]) -
             if caller not in A_SIDE:
                 for leaked in (secret, a_id, a_failing):
                     assert leaked not in body, f"{caller} read A's {leaked!r} at {route}"
-    wrong = {k: (v, MATRIX[k[0]].status[k[1]]) for k, v in seen.items() if v != MATRIX[k[0]].status[k[1]]}
+    every = {**MATRIX, **ALSO}
+    wrong = {k: (v, every[k[0]].status[k[1]]) for k, v in seen.items() if v != every[k[0]].status[k[1]]}
     assert wrong == {}, "(route, caller): (got, expected)"

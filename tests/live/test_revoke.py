@@ -33,6 +33,7 @@ def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) ->
     bare_redis.start_collector()
     poll_until(lambda: r.hlen("batching:held:normal") >= 256, "the collector to hold its window", timeout=60)
     assert r.zcard(in_flight_key(OWNER, "normal")) == 500
+    poll_until(lambda: app.control.ping(timeout=0.5), "the collector to answer remote control", timeout=60)
 
     for result in doomed[:50]:
         result.revoke()  # one by one, as a script would
@@ -76,3 +77,32 @@ def test_a_request_already_running_when_revoked_finishes(bare_redis) -> None:  #
     result.revoke()
     assert result.get(timeout=30) == synthetic.embed(text)
     assert result.state == "SUCCESS"
+
+
+@pytest.mark.django_db
+def test_an_owner_cancels_a_queued_request_through_the_api(bare_redis, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from django.test import Client
+
+    owner = Client()
+    owner.force_login(django_user_model.objects.create_user("canceller"))
+    other = Client()
+    other.force_login(django_user_model.objects.create_user("bystander"))
+    reply = owner.post(
+        "/api/v1/requests",
+        data=json.dumps({"text": "never runs", "model": "synthetic"}),
+        content_type="application/json",
+    )
+    assert reply.status_code == 202, reply.content
+    [task_id] = reply.json()["ids"]
+    bare_redis.start_collector()  # no device: it waits
+    # A revoke is a broadcast, heard only by workers listening then: as with Celery.
+    poll_until(lambda: app.control.ping(timeout=0.5), "the collector to answer remote control", timeout=60)
+
+    assert other.delete(f"/api/v1/requests/{task_id}").status_code == 404
+    cancel = owner.delete(f"/api/v1/requests/{task_id}")
+    assert cancel.status_code == 202 and cancel.json()["status"] == "PENDING", cancel.content
+    poll_until(lambda: app.AsyncResult(task_id).state == "REVOKED", "the request to be revoked", timeout=30)
+    assert owner.get(f"/api/v1/requests/{task_id}").json()["status"] == "REVOKED"
+    assert owner.delete(f"/api/v1/requests/{task_id}").status_code == 409
