@@ -72,7 +72,7 @@ def read(request_id: str) -> dict[str, Any]:
     body: dict[str, Any] = {"id": request_id, "status": status, "details": details}
     if status == states.SUCCESS:
         body["result"] = json_safe(meta.get("result"))
-    elif status == states.FAILURE:
+    elif status in (states.FAILURE, states.REVOKED):
         body["error"] = _error_text(meta)
     body["timeline"] = timeline(status, details, done_at=_timestamp(meta.get("date_done")), error=body.get("error"))
     return body
@@ -115,6 +115,8 @@ def timeline(
             text = f"succeeded; the batch ran {details.get('run_ms')} ms"
             if details.get("truncated"):
                 text += "; the text was truncated to fit the model"
+        elif status == states.REVOKED:
+            text = "cancelled (revoked) before it ran"
         else:
             text = f"failed: {error}"
         events.append({"event": "finished", "at": done_at, "text": text})

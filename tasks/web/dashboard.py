@@ -13,11 +13,13 @@ import json
 import logging
 
 import redis
+from celery import states
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render, resolve_url
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from dynamic_batching import metrics
@@ -71,7 +73,11 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
             "preview": preview,
             "details_json": json.dumps(info["details"], indent=2, sort_keys=True, default=str),
             "result_json": json.dumps(result, indent=2, default=str)[:20_000],
-            "pending": info["status"] not in ("SUCCESS", "FAILURE"),
+            "pending": info["status"] not in states.READY_STATES,
+            # Its owner (or staff) may cancel it while it waits (DELETE on the API).
+            "cancel_url": reverse("batching-api-v1:cancel_request", args=[info["id"]])
+            if info["status"] == states.PENDING
+            else None,
         },
     )
 

@@ -103,7 +103,7 @@ def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
     body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": meta.get("batching") or {}}
     if meta["status"] == "SUCCESS":
         body["result"] = timeline.json_safe(meta["result"])
-    elif meta["status"] == "FAILURE":
+    elif meta["status"] in ("FAILURE", "REVOKED"):
         exc = meta["result"]
         body["error"] = f"{type(exc).__name__}: {exc}"
     return JsonResponse(body)

@@ -106,3 +106,26 @@ def test_an_owner_cancels_a_queued_request_through_the_api(bare_redis, django_us
     poll_until(lambda: app.AsyncResult(task_id).state == "REVOKED", "the request to be revoked", timeout=30)
     assert owner.get(f"/api/v1/requests/{task_id}").json()["status"] == "REVOKED"
     assert owner.delete(f"/api/v1/requests/{task_id}").status_code == 409
+
+
+@pytest.mark.django_db
+def test_the_request_page_offers_cancel_while_pending_and_shows_revoked(bare_redis, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from django.test import Client
+
+    owner = Client()
+    owner.force_login(django_user_model.objects.create_user("page-owner"))
+    reply = owner.post(
+        "/api/v1/requests", data=json.dumps({"text": "waits", "model": "synthetic"}), content_type="application/json"
+    )
+    [task_id] = reply.json()["ids"]
+    page = owner.get(f"/requests/{task_id}").content.decode()
+    assert 'id="cancel"' in page and f'data-url="/api/v1/requests/{task_id}"' in page
+    bare_redis.start_collector()
+    poll_until(lambda: app.control.ping(timeout=0.5), "the collector to answer remote control", timeout=60)
+    assert owner.delete(f"/api/v1/requests/{task_id}").status_code == 202
+    poll_until(lambda: app.AsyncResult(task_id).state == "REVOKED", "the request to be revoked", timeout=30)
+    page = owner.get(f"/requests/{task_id}").content.decode()
+    assert 'id="cancel"' not in page and "cancelled (revoked) before it ran" in page
+    assert 'http-equiv="refresh"' not in page, "a revoked request is final: no more refreshing"
