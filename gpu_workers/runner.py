@@ -519,6 +519,11 @@ class DeviceRunner:
                         "batches": self.batches,
                         "requests": self.requests,
                         "busy_s": round(self.busy_s, 3),
+                        # What the device itself says it was busy, where its runner
+                        # can tell (an emulated accelerator: its duty cycle).
+                        "device_busy_s": round(
+                            sum(float(getattr(r, "device_busy_s", 0.0)) for r in list(self._models.values())), 4
+                        ),
                         "isolated": self.isolated,
                         "preempted": self.preempt.preempted,
                         "circuit": self.health.breaker.state,

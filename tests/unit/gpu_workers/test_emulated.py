@@ -1,0 +1,91 @@
+"""The emulated accelerator's arithmetic and its one-batch-at-a-time rule, with a
+recorded wait instead of sleeping (issue 40)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import pytest
+
+from dynamic_batching.gpu_workers.models.emulated import EmulatedAcceleratorRunner, EmulatedAcceleratorSpec, answer
+from dynamic_batching.gpu_workers.models.synthetic import SyntheticSpec
+
+
+def runner(waits: list[float], **options: Any) -> EmulatedAcceleratorRunner:
+    return EmulatedAcceleratorRunner(
+        "cpu:0",
+        SyntheticSpec(),  # counts a text's words + 2
+        overhead_s=options.get("overhead_s", 0.002),
+        per_token_s=options.get("per_token_s", 4e-6),
+        dim=options.get("dim", 384),
+        wait=waits.append,
+    )
+
+
+def test_a_batch_costs_the_overhead_and_its_padded_tokens_and_counts_as_busy() -> None:
+    waits: list[float] = []
+    r = runner(waits)
+    texts = ["one two three", "four", "five six seven eight nine ten"]  # 5, 3, 8 tokens
+    out = r.run_batch(texts)
+    padded = 3 * 8
+    assert math.isclose(sum(waits), 0.002 + padded * 4e-6)
+    assert math.isclose(r.device_busy_s, sum(waits))
+    assert r.batch_seconds(padded) == pytest.approx(0.002 + padded * 4e-6)
+    assert [len(v) for v in out] == [384, 384, 384]
+    assert out[0] == answer(texts[0], 384) and math.isclose(sum(x * x for x in out[0]), 1.0, rel_tol=1e-6)
+
+
+def test_a_long_batch_waits_in_slices_it_can_yield_between() -> None:
+    waits: list[float] = []
+    r = runner(waits, overhead_s=0.012, per_token_s=0.0)
+    r.run_batch(["x"])
+    assert waits == pytest.approx([0.005, 0.005, 0.002])
+
+
+def test_options_are_checked_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match="overhead_ms must be a finite number >= 0"):
+        EmulatedAcceleratorSpec(of="minilm", overhead_ms=-1)
+    with pytest.raises(ValueError, match="dim must be a whole number"):
+        EmulatedAcceleratorSpec(of="minilm", dim=0)
+    with pytest.raises(ValueError, match="of must name another model"):
+        EmulatedAcceleratorSpec.from_config("gpu", {"of": "gpu"})
+
+
+def test_one_batch_at_a_time_per_device() -> None:
+    entered: list[str] = []
+    release = threading.Event()
+
+    def wait(seconds: float) -> None:
+        entered.append(threading.current_thread().name)
+        if threading.current_thread().name == "first":
+            release.wait(10)
+
+    r = EmulatedAcceleratorRunner("cpu:0", SyntheticSpec(), overhead_s=0.001, per_token_s=0.0, wait=wait)
+    first = threading.Thread(target=r.run_batch, args=(["a"],), name="first")
+    second = threading.Thread(target=r.run_batch, args=(["b"],), name="second")
+    first.start()
+    while not entered:
+        threading.Event().wait(0.001)
+    second.start()
+    second.join(0.2)
+    assert entered == ["first"] and second.is_alive(), "the second batch ran while the first held the device"
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert entered == ["first", "second"]
+
+
+def test_declared_in_batching_models_it_counts_the_real_models_tokens() -> None:
+    from dynamic_batching.gpu_workers.models import build, get_spec
+
+    spec = build(
+        "minilm-gpu", {"spec": "dynamic_batching.gpu_workers.models.emulated.EmulatedAcceleratorSpec", "of": "minilm"}
+    )
+    real = get_spec("minilm")
+    text = "The quick brown fox jumps over the lazy dog"
+    assert spec.count_tokens(text) == real.count_tokens(text)
+    assert spec.max_tokens == real.max_tokens
+    with pytest.raises(ValueError, match="empty"):
+        spec.validate_input("   ")
