@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -78,11 +79,27 @@ def replaying() -> Outcome | None:
     return _REPLAY.get()
 
 
+#: The per-task signals an integration listens to.
+TASK_SIGNALS = (
+    signals.task_prerun,
+    signals.task_postrun,
+    signals.task_success,
+    signals.task_failure,
+    signals.task_revoked,
+)
+
+
 def signals_wanted() -> bool:
-    """Whether anything in this process listens to Celery's per-task signals."""
-    return any(
-        s.receivers for s in (signals.task_prerun, signals.task_postrun, signals.task_success, signals.task_failure)
-    )
+    """Whether anything in this process, besides Celery itself, listens to Celery's
+    per-task signals. (Celery's Django fixup connects task_prerun and task_postrun in
+    every Django worker, to close database connections: those are not listeners that
+    want each request traced.)"""
+    return any(_foreign(receiver) for s in TASK_SIGNALS for _, receiver in s.receivers)
+
+
+def _foreign(receiver: Any) -> bool:
+    fn = receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+    return fn is not None and not str(getattr(fn, "__module__", "") or "").startswith("celery.")
 
 
 def follow_up(app: Celery, outcomes: Iterable[Outcome]) -> None:

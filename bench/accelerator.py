@@ -1,0 +1,196 @@
+"""How busy the serving path keeps a fast device: the emulated accelerator (issue 40).
+
+    .venv/bin/python bench/accelerator.py                       # 1, 16 and 64 callers
+    .venv/bin/python bench/accelerator.py --callers 64 --ahead 0 1 2
+    .venv/bin/python bench/accelerator.py --overhead-ms 10 --per-token-us 100
+
+On the process set `make run` starts (web, Flower, the collector and its standby, two
+device workers under supervisord: bench/run_all.py::make_run_system), both devices run
+`minilm-gpu`, an EmulatedAcceleratorSpec of MiniLM (gpu_workers/models/emulated.py):
+real tokens, real 384-float answers, and a batch that keeps the device busy for
+`overhead_ms + per_token_us x padded tokens`. Closed-loop callers each send a text and
+wait for its answer with `submit(text).get()`.
+
+For each load it prints, per the devices' own record:
+
+- duty cycle: the fraction of wall time the devices were busy (each device reports its
+  busy seconds in its heartbeat, `device_busy_s`);
+- the gap between two batches on one device, median and p99 (from each request's
+  record: bench/device_gaps.py::legs);
+- throughput against the emulated ceiling: the same texts, sorted by length and cut
+  into the policy's full batches, run back to back on the two devices (the bare loop's
+  best, computed from the spec's own cost);
+- p50 and p99 latency.
+
+`--ahead N ...` repeats each load with BATCHING_COLLECTOR_BATCHES_AHEAD = N (batches
+sent to a device beyond the one it runs), a system started afresh for each value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MODEL = "minilm-gpu"
+
+
+def models_env(overhead_ms: float, per_token_us: float) -> str:
+    return json.dumps(
+        {
+            "minilm": {"spec": "dynamic_batching.gpu_workers.models.minilm.MiniLMSpec"},
+            MODEL: {
+                "spec": "dynamic_batching.gpu_workers.models.emulated.EmulatedAcceleratorSpec",
+                "of": "minilm",
+                "overhead_ms": overhead_ms,
+                "per_token_us": per_token_us,
+            },
+        }
+    )
+
+
+def ceiling_per_s(texts: list[str], spec: Any, policy: Any, devices: int) -> float:
+    """Requests a second if the devices ran these texts back to back in full batches,
+    sorted by length (the least padding): the bare loop's best."""
+    lengths = sorted(spec.count_tokens(t) for t in texts)
+    limits = policy.for_model(MODEL)
+    busy, i = 0.0, 0
+    while i < len(lengths):
+        size = 1
+        while (
+            i + size < len(lengths)
+            and size < limits.max_batch_size
+            and (size + 1) * lengths[i + size] <= limits.max_batch_tokens
+        ):
+            size += 1
+        busy += spec.overhead_s + size * lengths[i + size - 1] * spec.per_token_s
+        i += size
+    return len(texts) / (busy / devices)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--callers", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--ahead", type=int, nargs="+", default=[0])
+    ap.add_argument("--texts", type=int, default=1500, help="texts measured per load (after 100 to warm up)")
+    ap.add_argument("--overhead-ms", type=float, default=10.0)
+    ap.add_argument("--per-token-us", type=float, default=100.0)
+    args = ap.parse_args()
+
+    os.environ["BATCHING_MODELS"] = models_env(args.overhead_ms, args.per_token_us)
+    os.environ["BATCHING_TEST_MODELS"] = "0"
+    import django
+
+    django.setup()
+    from tqdm import tqdm
+
+    from batching_site.celery import app
+    from bench.device_gaps import Ran, legs
+    from bench.run_all import _publish_and_wait, make_run_system
+    from bench.workload import closed_loop, corpus
+    from dynamic_batching.edge.client import submit
+    from dynamic_batching.gpu_workers.models import get_spec
+    from dynamic_batching.store import shared_state
+    from dynamic_batching.store.connection import connect
+
+    spec = get_spec(MODEL)
+    texts = corpus(args.texts + 100)
+    rows = []
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def call(text: str) -> None:
+        result = submit(text, model=MODEL)
+        result.get(timeout=120)
+        with lock:
+            ids.append(result.id)
+
+    for ahead in args.ahead:
+        logs = Path(tempfile.mkdtemp(prefix="accelerator-"))
+        system = make_run_system(
+            None,
+            logs,
+            preload=MODEL,
+            BATCHING_MODELS=os.environ["BATCHING_MODELS"],
+            BATCHING_COLLECTOR_BATCHES_AHEAD=str(ahead),
+            LOG_LEVEL="WARNING",
+        )
+        with system:
+            connect(system.redis_url)
+            policy = shared_state.read_policy()
+            policy = policy.evolve(oversized="truncate", version=policy.version + 1)
+            _publish_and_wait(shared_state, policy)
+            closed_loop("warm-up", call, texts[:100], 16)
+            for callers in args.callers:
+                ids.clear()
+                measured = texts[100 : 100 + (args.texts if callers > 1 else min(args.texts, 300))]
+                before = {d: i.get("device_busy_s", 0.0) for d, i in shared_state.live_devices().items()}
+                t0 = time.monotonic()
+                with tqdm(total=len(measured), desc=f"ahead {ahead}, {callers} callers", unit="text") as bar:
+                    loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
+                # The next heartbeat carries the busy time up to the end.
+                time.sleep(1.1 * shared_state.HEARTBEAT_EVERY_S)
+                wall = time.monotonic() - t0
+                after = {d: i.get("device_busy_s", 0.0) for d, i in shared_state.live_devices().items()}
+                busy = sum(after[d] - before.get(d, 0.0) for d in after)
+                batches: dict[str, Ran] = {}
+                for task_id in ids:
+                    b = app.backend.get_task_meta(task_id)["batching"]
+                    batches.setdefault(
+                        b["batch_id"],
+                        Ran(b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, b["batch_size"]),
+                    )
+                gaps = legs(batches)["gap"]
+                rate = loop.requests / loop.wall_s
+                ceiling = ceiling_per_s(measured, spec, policy, len(after))
+                rows.append(
+                    {
+                        "ahead": ahead,
+                        "callers": callers,
+                        "rate": rate,
+                        "ceiling": ceiling,
+                        # Busy over the loop's own wall time (the heartbeat wait adds no busy time).
+                        "duty": busy / (len(after) * loop.wall_s),
+                        "gap_p50_ms": statistics.median(gaps) * 1000 if gaps else float("nan"),
+                        "gap_p99_ms": pct(gaps, 0.99) * 1000,
+                        "batch": statistics.mean(r.size for r in batches.values()),
+                        "p50_ms": statistics.median(loop.latencies_s) * 1000,
+                        "p99_ms": pct(loop.latencies_s, 0.99) * 1000,
+                        "wall": wall,
+                    }
+                )
+    print(
+        f"\nemulated accelerator: {args.overhead_ms} ms a batch + {args.per_token_us} us a padded token, "
+        f"2 devices, make run's process set, {os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| batches ahead | callers | duty cycle | gap p50 ms | gap p99 ms | mean batch | texts/s | of ceiling | p50 ms | p99 ms |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r['ahead']} | {r['callers']} | {r['duty']:.2f} | {r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | "
+            f"{r['batch']:.1f} | {r['rate']:.0f} | {r['rate'] / r['ceiling']:.2f}x of {r['ceiling']:.0f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
