@@ -48,6 +48,21 @@ class QuotaExceeded(Overloaded):
         )
 
 
+class BurstExceeded(BatchingError, ValueError):
+    """One call holds more inputs than the caller's quota lets in at once (its burst):
+    no wait would ever let it in, so it is refused at once, not told to retry."""
+
+    def __init__(self, owner: str, inputs: int, burst: int) -> None:
+        super().__init__(owner, inputs, burst)
+        self.owner, self.inputs, self.burst = owner, inputs, burst
+
+    def __str__(self) -> str:
+        return (
+            f"{self.inputs} inputs in one call is more than your quota's burst of {self.burst}: "
+            f"send at most {self.burst} a call (an operator can raise the burst in the admin)"
+        )
+
+
 class RequestTooLarge(BatchingError, ValueError):
     """A request is longer than the model or the batch token budget allows."""
 

@@ -30,7 +30,7 @@ from dynamic_batching.conf import conf
 from dynamic_batching.gpu_workers.models import get_spec
 
 from .. import metrics
-from ..core.errors import DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
+from ..core.errors import BurstExceeded, DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
 from ..core.quota import Quota
 from ..protocol import events as flower_events
 from ..protocol import wire
@@ -177,6 +177,11 @@ def admit(
     waits. Without, each request gets a fresh id and its answer is only stored.
     `celery`: the follow-ups (callbacks, chain, chord) each request carries to its
     outcome (tasks/protocol/canvas.py)."""
+    inputs = list(inputs)
+    if quota is not None and len(inputs) > quota.burst:
+        # The token bucket never holds more than the burst: refused at once, for good
+        # (issue 42, finding 4), before any input is parsed.
+        raise BurstExceeded(owner, len(inputs), quota.burst)
     policy = _policy.get()
     requests = [
         accept(
