@@ -79,12 +79,12 @@ class ClientQuotaAdmin(admin.ModelAdmin):
     """Per-user and per-group quotas. A change reaches every web process within
     ClientQuotaManager.CACHE_S; the dashboard's "Clients" panel shows each client's use."""
 
-    list_display = ("__str__", "user", "group", "rate_per_s", "burst", "max_in_flight", "tier_share")
+    list_display = ("__str__", "user", "group", "rate_per_s", "burst", "max_in_flight", "tier_share", "max_priority")
     list_select_related = ("user", "group")
     search_fields = ("user__username", "group__name")
     fieldsets = (
         ("Who", {"fields": ("user", "group"), "description": "Either one user, or every member of one group."}),
-        ("Limits", {"fields": ("rate_per_s", "burst", "max_in_flight", "tier_share")}),
+        ("Limits", {"fields": ("rate_per_s", "burst", "max_in_flight", "tier_share", "max_priority")}),
     )
 
 

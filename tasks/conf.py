@@ -120,7 +120,9 @@ KEYS: dict[str, Key] = {
     #: A logged-in user's quota unless the admin sets one: "rate_per_s=50,burst=200,...".
     "DEFAULT_QUOTA": Key({}, _pairs),
     #: What all anonymous demo visitors share, together.
-    "ANONYMOUS_QUOTA": Key({"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05}, _pairs),
+    "ANONYMOUS_QUOTA": Key(
+        {"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05, "max_priority": "low"}, _pairs
+    ),
     #: Days an API token works unless `create_api_token --expires-days` says otherwise; 0: never expires.
     "API_TOKEN_DEFAULT_EXPIRY_DAYS": Key(90, int, (_at_least(0), "0 or more")),
     # --- The dashboard and its SLO panel ---------------------------------------------------

@@ -416,6 +416,14 @@ class ClientQuota(models.Model):
         help_text="Most of one tier's queue cap this client may hold, a fraction in (0, 1], so others still get in.",
     )
 
+    max_priority = models.CharField(
+        "highest priority",
+        max_length=8,
+        choices=[(p, p) for p in PRIORITIES],
+        default=_QUOTA.max_priority,
+        help_text="The most urgent tier this client may ask for. Above it: 403.",
+    )
+
     objects = ClientQuotaManager()
 
     class Meta:
@@ -443,6 +451,7 @@ class ClientQuota(models.Model):
             burst=self.burst,
             max_in_flight=self.max_in_flight,
             tier_share=self.tier_share,
+            max_priority=self.max_priority,
         )
 
     def clean(self) -> None:

@@ -63,6 +63,20 @@ class BurstExceeded(BatchingError, ValueError):
         )
 
 
+class PriorityNotAllowed(BatchingError):
+    """The caller asked for a tier above its quota's highest (`max_priority`)."""
+
+    def __init__(self, owner: str, priority: str, allowed: str) -> None:
+        super().__init__(owner, priority, allowed)
+        self.owner, self.priority, self.allowed = owner, priority, allowed
+
+    def __str__(self) -> str:
+        return (
+            f"priority {self.priority!r} is above what your quota allows ({self.allowed!r} at most): "
+            f"send {self.allowed!r} or lower (an operator can raise it in the admin, Client quotas)"
+        )
+
+
 class RequestTooLarge(BatchingError, ValueError):
     """A request is longer than the model or the batch token budget allows."""
 

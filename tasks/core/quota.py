@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .policy import PRIORITIES
+
 #: What can refuse a client's request, as the admission script names it.
 QUOTA_LIMITS: tuple[str, ...] = ("rate", "in_flight", "share")
 
@@ -34,6 +36,9 @@ class Quota:
     max_in_flight: int = 500
     #: Most of one tier's queue cap this client may hold, as a fraction in (0, 1].
     tier_share: float = 0.5
+    #: The most urgent tier this client may ask for; above it a call is refused (403),
+    #: never quietly lowered, so a caller knows where its requests went.
+    max_priority: str = "normal"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rate_per_s, (int, float)) and math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
@@ -44,6 +49,12 @@ class Quota:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.tier_share, (int, float)) and 0 < self.tier_share <= 1):
             raise ValueError(f"tier_share must be a fraction in (0, 1], got {self.tier_share!r}")
+        if self.max_priority not in PRIORITIES:
+            raise ValueError(f"max_priority must be one of {', '.join(PRIORITIES)}, got {self.max_priority!r}")
+
+    def allows(self, priority: str) -> bool:
+        """Whether this client may ask for `priority` (PRIORITIES runs most urgent first)."""
+        return priority not in PRIORITIES or PRIORITIES.index(priority) >= PRIORITIES.index(self.max_priority)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> Quota:
@@ -53,7 +64,7 @@ class Quota:
             raise ValueError(
                 f"unknown quota field(s) {', '.join(sorted(unknown))}; known: {', '.join(cls.__annotations__)}"
             )
-        kinds = {"rate_per_s": float, "burst": int, "max_in_flight": int, "tier_share": float}
+        kinds = {"rate_per_s": float, "burst": int, "max_in_flight": int, "tier_share": float, "max_priority": str}
         return cls(**{k: kinds[k](v) for k, v in values.items()})
 
     def share_of(self, cap: int) -> int:

@@ -30,7 +30,14 @@ from dynamic_batching.conf import conf
 from dynamic_batching.gpu_workers.models import get_spec
 
 from .. import metrics
-from ..core.errors import BurstExceeded, DeadlineExceeded, Overloaded, QuotaExceeded, RequestTooLarge
+from ..core.errors import (
+    BurstExceeded,
+    DeadlineExceeded,
+    Overloaded,
+    PriorityNotAllowed,
+    QuotaExceeded,
+    RequestTooLarge,
+)
 from ..core.quota import Quota
 from ..protocol import events as flower_events
 from ..protocol import wire
@@ -182,6 +189,9 @@ def admit(
         # The token bucket never holds more than the burst: refused at once, for good
         # (issue 42, finding 4), before any input is parsed.
         raise BurstExceeded(owner, len(inputs), quota.burst)
+    if quota is not None and not quota.allows(priority):
+        # Anyone could claim `high` and the tiers meant nothing (issue 42, finding 2).
+        raise PriorityNotAllowed(owner, priority, quota.max_priority)
     policy = _policy.get()
     requests = [
         accept(

@@ -10,7 +10,7 @@ import redis
 from django.http import HttpResponse
 from kombu.exceptions import OperationalError
 
-from dynamic_batching.core.errors import Overloaded, RequestTooLarge
+from dynamic_batching.core.errors import Overloaded, PriorityNotAllowed, RequestTooLarge
 
 from .access import NotLoggedIn
 
@@ -38,6 +38,8 @@ def refusal(exc: BaseException, *, invalid_status: int = 422) -> Refusal | None:
         return Refusal(429, str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
     if isinstance(exc, RequestTooLarge):
         return Refusal(413, str(exc))
+    if isinstance(exc, PriorityNotAllowed):
+        return Refusal(403, str(exc))
     if isinstance(exc, redis.OutOfMemoryError):
         # maxmemory-policy noeviction (docker-compose.yml): a full Redis refuses new
         # requests instead of evicting queued ones or answers.

@@ -40,7 +40,15 @@ def index(request: HttpRequest) -> HttpResponse:
                 "example": spec.input_example if takes_text else json.dumps(spec.input_example),
             }
         )
-    return render(request, "dynamic_batching/index.html", {"priorities": PRIORITIES, "models": models})
+    # Only the tiers this caller's quota lets it ask for (a higher one is refused, 403).
+    _, quota = access.spender(request.user)
+    priorities = [p for p in PRIORITIES if quota.allows(p)]
+    default = "normal" if "normal" in priorities else priorities[0]
+    return render(
+        request,
+        "dynamic_batching/index.html",
+        {"priorities": priorities, "default_priority": default, "models": models},
+    )
 
 
 def _refused(exc: Exception) -> JsonResponse:

@@ -235,9 +235,12 @@ def test_http_submit_answers_202_413_and_400(admin_client: Any) -> None:
     def post(body: Any, content_type: str = "application/json") -> Any:
         return admin_client.post("/submit", body, content_type=content_type)
 
-    ok = post({"text": "an http request", "priority": "high"})
+    ok = post({"text": "an http request", "priority": "normal"})
     assert ok.status_code == 202
     assert ok.json()["status"] == "PENDING"
+    # Above the quota's highest tier (users: normal, unless the admin says more).
+    above = post({"text": "an http request", "priority": "high"})
+    assert above.status_code == 403 and "above what your quota allows" in above.json()["detail"]
 
     too_large = post({"text": words(400, "h")})  # the default model, minilm: 256 tokens at most
     assert too_large.status_code == 413

@@ -156,7 +156,7 @@ def test_a_full_queue_is_429_with_retry_after(api: Client, user, bare_redis) -> 
     from dynamic_batching.store import shared_state
 
     # One client may fill a whole tier only if its quota says so (tests/live/test_quotas.py).
-    ClientQuota.objects.create(user=user, tier_share=1.0)
+    ClientQuota.objects.create(user=user, tier_share=1.0, max_priority="high")
     shared_state.publish_policy(BatchPolicy(queue_caps={"high": 100, "normal": 100, "low": 3}))
     client._policy._read_at = float("-inf")
     assert post(api, {"texts": ["a", "b", "c"], "priority": "low", "model": "synthetic"}).status_code == 202
@@ -202,7 +202,7 @@ def test_openapi_schema_and_docs_are_served_offline(client: Client) -> None:
 @pytest.mark.live
 def test_submit_many_and_read_each_result_with_its_timeline(live_system, api: Client) -> None:  # type: ignore[no-untyped-def]
     texts = [f"api request {i}" for i in range(20)] + ["this one is poison !fail"]
-    response = post(api, {"texts": texts, "priority": "high", "model": "synthetic", "deadline_s": 60})
+    response = post(api, {"texts": texts, "priority": "normal", "model": "synthetic", "deadline_s": 60})
     assert response.status_code == 202
     ids = response.json()["ids"]
     assert len(ids) == len(texts) and len(set(ids)) == len(ids)
@@ -213,7 +213,7 @@ def test_submit_many_and_read_each_result_with_its_timeline(live_system, api: Cl
         body = wait_done(api, request_id)
         events = [e["event"] for e in body["timeline"]]
         assert events == ["submitted", "dispatched", "started", "finished"], body["timeline"]
-        assert body["details"]["priority"] == "high"
+        assert body["details"]["priority"] == "normal"
         if "!fail" in text:
             assert body["status"] == "FAILURE" and "PoisonInput" in body["error"]
         else:
