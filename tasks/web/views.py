@@ -120,7 +120,9 @@ def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 once web, broker, collector and at least one device worker answer; else 503
-    naming what is missing. Redis memory at WARN_FRACTION of maxmemory or more is named
+    naming what is missing. The detail (each part's state, error texts, devices, models,
+    policy versions) goes to staff and to a probe on this host's loopback; anybody else
+    gets `status`, `missing` and `warnings` only. Redis memory at WARN_FRACTION of maxmemory or more is named
     under "warnings" and keeps the 200: until it is full Redis still takes every write,
     and a full one refuses writes by itself while reads (answers) still work, which an
     unhealthy web process would stop serving too."""
@@ -180,4 +182,16 @@ def healthz(request: HttpRequest) -> JsonResponse:
         parts["missing"] = missing
     if warnings:
         parts["warnings"] = warnings
-    return JsonResponse(parts, status=503 if missing else 200)
+    status = 503 if missing else 200
+    parts["status"] = "unavailable" if missing else "ok"
+    if not (access.is_staff(request.user) or _direct_from_loopback(request)):
+        # Anybody else gets the verdict and the names of what is missing: no error
+        # texts, hosts, ports or device ids (issue 42, finding 5).
+        return JsonResponse({k: parts[k] for k in ("status", "missing", "warnings") if k in parts}, status=status)
+    return JsonResponse(parts, status=status)
+
+
+def _direct_from_loopback(request: HttpRequest) -> bool:
+    """A health check on this host that did not come through the front door (which
+    always adds X-Forwarded-For): a container's or supervisor's own probe."""
+    return request.META.get("REMOTE_ADDR") in ("127.0.0.1", "::1") and "HTTP_X_FORWARDED_FOR" not in request.META
