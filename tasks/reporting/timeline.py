@@ -64,11 +64,23 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def read(request_id: str) -> dict[str, Any]:
-    """{"id", "status", "details", "timeline", and "result" or "error"}."""
+#: What a request's record says about its batch-mates or the hardware: with its own
+#: token count, a batch's size and padded tokens give away the lengths of other
+#: tenants' inputs (issue 42, finding 6). Staff see them; a request's owner does not.
+SHARED_FIELDS = ("batch_id", "batch_size", "real_tokens", "padded_tokens", "device")
+
+
+def own_details(details: dict[str, Any], *, staff: bool) -> dict[str, Any]:
+    """`details` as this caller may see them."""
+    return dict(details) if staff else {k: v for k, v in details.items() if k not in SHARED_FIELDS}
+
+
+def read(request_id: str, *, staff: bool) -> dict[str, Any]:
+    """{"id", "status", "details", "timeline", and "result" or "error"}; the batch's
+    shared fields only for `staff`."""
     meta = get_app().backend.get_task_meta(request_id)
     status = meta.get("status", states.PENDING)
-    details = dict(meta.get("batching") or {})
+    details = own_details(meta.get("batching") or {}, staff=staff)
     body: dict[str, Any] = {"id": request_id, "status": status, "details": details}
     if status == states.SUCCESS:
         body["result"] = json_safe(meta.get("result"))
@@ -93,23 +105,20 @@ def timeline(
         return events
     dispatched = details.get("dispatched_at")
     if dispatched is not None:
-        fill = ""
-        if details.get("padded_tokens"):
-            fill = f", fill {details.get('real_tokens', 0) / details['padded_tokens']:.0%}"
+        batch = ""
+        if details.get("batch_id") is not None:
+            fill = ""
+            if details.get("padded_tokens"):
+                fill = f", fill {details.get('real_tokens', 0) / details['padded_tokens']:.0%}"
+            batch = f"in batch {details.get('batch_id')} of {details.get('batch_size')} request(s){fill}, "
         events.append(
-            {
-                "event": "dispatched",
-                "at": dispatched,
-                "text": (
-                    f"in batch {details.get('batch_id')} of {details.get('batch_size')} request(s)"
-                    f"{fill}, after waiting {details.get('waited_ms')} ms"
-                ),
-            }
+            {"event": "dispatched", "at": dispatched, "text": f"{batch}after waiting {details.get('waited_ms')} ms"}
         )
     started = details.get("started_at")
     if started is not None:
         lane = " alone, isolated as too slow to share a batch" if details.get("isolated") else ""
-        events.append({"event": "started", "at": started, "text": f"on device {details.get('device')}{lane}"})
+        where = f"on device {details['device']}" if details.get("device") is not None else "on a device"
+        events.append({"event": "started", "at": started, "text": f"{where}{lane}"})
     if status in states.READY_STATES:
         if status == states.SUCCESS:
             text = f"succeeded; the batch ran {details.get('run_ms')} ms"

@@ -286,7 +286,7 @@ def get_request(request: HttpRequest, request_id: uuid.UUID) -> dict[str, Any]:
     read it: 404 for anybody else, as for an id that never existed."""
     if not access.may_read(request, request.auth, str(request_id)):
         raise HttpError(404, "no such request of yours")
-    return timeline.read(str(request_id))
+    return timeline.read(str(request_id), staff=access.is_staff(request.auth))
 
 
 class CancelOut(Schema):

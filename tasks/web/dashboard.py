@@ -55,7 +55,7 @@ def request_detail(request: HttpRequest, request_id: object) -> HttpResponse:
     try:
         if not access.may_read(request, request.user, str(request_id)):
             raise Http404("no such request of yours")
-        info = timeline.read(str(request_id))
+        info = timeline.read(str(request_id), staff=access.is_staff(request.user))
     except redis.RedisError:
         log.warning("request page: Redis unreachable", exc_info=True)
         return HttpResponse(

@@ -108,7 +108,8 @@ def request_status(request: HttpRequest, request_id: object) -> JsonResponse:
     if not allowed:
         return JsonResponse({"detail": "no such request of yours"}, status=404)
     meta = get_app().backend.get_task_meta(str(request_id))
-    body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": meta.get("batching") or {}}
+    details = timeline.own_details(meta.get("batching") or {}, staff=access.is_staff(request.user))
+    body: dict[str, object] = {"id": str(request_id), "status": meta["status"], "details": details}
     if meta["status"] == "SUCCESS":
         body["result"] = timeline.json_safe(meta["result"])
     elif meta["status"] in ("FAILURE", "REVOKED"):

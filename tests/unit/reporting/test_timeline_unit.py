@@ -66,3 +66,15 @@ def test_json_safe_nulls_only_the_numbers_json_has_not() -> None:
         "deep": [[[None]]],
     }
     assert json_safe("NaN") == "NaN" and json_safe(7) == 7
+
+
+def test_an_owner_sees_their_own_fields_only_never_the_batchs() -> None:
+    # Issue 42, finding 6: batch_size and padded tokens, with the owner's own token count,
+    # gave away the lengths of other tenants' inputs in the same batch.
+    from dynamic_batching.reporting.timeline import SHARED_FIELDS, own_details
+
+    mine = own_details(DETAILS, staff=False)
+    assert not set(SHARED_FIELDS) & set(mine) and mine["waited_ms"] == DETAILS["waited_ms"]
+    assert own_details(DETAILS, staff=True) == DETAILS
+    events = {e["event"]: e["text"] for e in timeline(states.SUCCESS, mine, done_at=100.7)}
+    assert events["dispatched"] == "after waiting 500 ms" and events["started"] == "on a device"
