@@ -74,7 +74,12 @@ def proxy_command(proxy: Proxy, *, web_port: int, flower_port: int | None) -> li
 
 
 def web_command(
-    *, port: int = 8000, bind: str | None = None, workers: int | None = None, threads: int | None = None
+    *,
+    port: int = 8000,
+    bind: str | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    forwarded_allow_ips: str = "127.0.0.1,::1",
 ) -> list[str]:
     """The web role, the same under `make run`, the tests and compose: gunicorn on
     127.0.0.1:`port` (or `bind`). Each worker process (WEB_WORKERS) is a thin client: it
@@ -92,11 +97,11 @@ def web_command(
         "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
         # A request view waits on its answer with a bounded timeout; this is the backstop.
         "--timeout", "60", "--graceful-timeout", "30",
-        # Trusting every address's X-Forwarded-* is safe only because nothing but the
-        # front door reaches gunicorn: compose publishes no port of `web`, and locally it
-        # listens on loopback. Django itself reads only X-Forwarded-Proto, and only with
-        # DJANGO_BEHIND_TLS_PROXY=1.
-        "--access-logfile", "-", "--forwarded-allow-ips", "*",
+        # X-Forwarded-* is trusted from the front door only: loopback by default (the
+        # proxy of `make run`); compose, whose proxy's address varies and which publishes
+        # no port of `web`, passes "*" (batching_site/serve.py --forwarded-allow-ips).
+        # Django itself reads only X-Forwarded-Proto, and only with DJANGO_BEHIND_TLS_PROXY=1.
+        "--access-logfile", "-", "--forwarded-allow-ips", forwarded_allow_ips,
     ]  # fmt: skip
 
 

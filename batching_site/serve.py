@@ -5,7 +5,7 @@ honcho. Every role execs the same command line that `make run` and the tests use
 (`batching_site/processes.py`), so what operators deploy is what the tests ran.
 
     python -m batching_site.serve migrate                      # database migrations, then exit
-    python -m batching_site.serve web                          # gunicorn on 0.0.0.0:8000
+    python -m batching_site.serve web                          # gunicorn on 127.0.0.1:8000
     python -m batching_site.serve collector                    # one active, any more stand by
     python -m batching_site.serve device cuda:0                # one per GPU, on any host
     python -m batching_site.serve device cuda:0 --preload minilm,synthetic
@@ -55,13 +55,20 @@ def command(argv: Sequence[str]) -> list[str]:
     roles = parser.add_subparsers(dest="role", required=True)
     roles.add_parser("migrate", help="apply database migrations and exit")
     web = roles.add_parser("web", help="the Django site on gunicorn")
-    web.add_argument("--bind", default="0.0.0.0:8000")
+    # Loopback unless told otherwise: compose says 0.0.0.0 (its web publishes no port).
+    web.add_argument("--bind", default="127.0.0.1:8000")
+    web.add_argument(
+        "--forwarded-allow-ips",
+        default="127.0.0.1,::1",
+        help="addresses whose X-Forwarded-* gunicorn trusts: the front door's ('*' only where nothing else reaches web)",
+    )
     roles.add_parser("collector", help="the batch collector (one active per system; more stand by)")
     device = roles.add_parser("device", help="a device worker for one GPU (or simulated CPU device)")
     device.add_argument("device", help="cuda:0, cuda:1, ... (or cpu:0 for a simulated device)")
     device.add_argument("--preload", default=None, help="models to load at start (default: DEFAULT_MODEL)")
     flower = roles.add_parser("flower", help="Flower: behind the front door, or with basic auth from FLOWER_BASIC_AUTH")
     flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--address", default="127.0.0.1", help="listen here (compose: 0.0.0.0, behind the proxy)")
     flower.add_argument(
         "--behind-proxy",
         action="store_true",
@@ -79,18 +86,19 @@ def command(argv: Sequence[str]) -> list[str]:
             f"{python} manage.py batching_relabel -v 0 && exec {python} manage.py migrate --no-input",
         ]
     if args.role == "web":
-        return processes.web_command(bind=args.bind)
+        return processes.web_command(bind=args.bind, forwarded_allow_ips=args.forwarded_allow_ips)
     if args.role == "collector":
         return processes.collector_command()
     if args.role == "device":
         return processes.device_command(args.device, preload=args.preload)
-    if not (args.behind_proxy or os.environ.get("FLOWER_BASIC_AUTH")):
+    loopback = args.address in ("127.0.0.1", "::1", "localhost")
+    if not (loopback or args.behind_proxy or os.environ.get("FLOWER_BASIC_AUTH")):
         parser.error(
-            "flower listens on every interface here: run it --behind-proxy (compose does),"
-            " or set FLOWER_BASIC_AUTH=user:password"
+            f"flower would listen on {args.address} with no login: run it --behind-proxy (compose does),"
+            " set FLOWER_BASIC_AUTH=user:password, or keep --address 127.0.0.1"
         )
-    # Flower reads FLOWER_BASIC_AUTH itself; the later --address overrides the local-only default.
-    return [*processes.flower_command(port=args.port, behind_proxy=args.behind_proxy), "--address=0.0.0.0"]
+    # Flower reads FLOWER_BASIC_AUTH itself.
+    return [*processes.flower_command(port=args.port, behind_proxy=args.behind_proxy), f"--address={args.address}"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -103,12 +103,12 @@ def test_each_gpu_worker_reserves_its_own_gpu_and_mounts_the_model_cache(resolve
 
 def test_services_run_the_tested_command_lines_and_persist_redis(resolved: dict[str, Any]) -> None:
     services = resolved["services"]
-    assert services["web"]["command"][-1] == "web"  # gunicorn, see serve.gunicorn_command
+    assert services["web"]["command"][3] == "web"  # gunicorn, see processes.web_command
     assert services["collector"]["command"][-1] == "collector"
     redis_command = " ".join(services["redis"]["command"])
     assert '--appendonly yes --appendfsync "$$REDIS_APPENDFSYNC"' in redis_command
     assert services["redis"]["environment"]["REDIS_APPENDFSYNC"] == "everysec"  # unless .env says always
-    assert services["flower"]["command"][-2:] == ["flower", "--behind-proxy"]
+    assert services["flower"]["command"][-4:] == ["flower", "--behind-proxy", "--address", "0.0.0.0"]
     # Every secret-looking setting is interpolated from .env, never written here.
     for line in COMPOSE.read_text().splitlines():
         m = re.match(r"\s*(\w*(PASSWORD|SECRET|AUTH)\w*):\s*(\S+)", line)
@@ -217,13 +217,28 @@ def test_serve_roles_exec_the_same_commands_as_make_run_and_the_tests(monkeypatc
     web = serve.command(["web"])
     assert web[1:4] == ["-m", "gunicorn", "batching_site.wsgi:application"]
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
-    with pytest.raises(SystemExit):
-        serve.command(["flower"])
-    behind = serve.command(["flower", "--behind-proxy"])
+    behind = serve.command(["flower", "--behind-proxy", "--address", "0.0.0.0"])
     assert behind == [*processes.flower_command(behind_proxy=True), "--address=0.0.0.0"]
     assert "--url_prefix=flower" in behind
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "user:secret")
-    assert serve.command(["flower"])[-1] == "--address=0.0.0.0"
+    assert serve.command(["flower", "--address", "0.0.0.0"])[-1] == "--address=0.0.0.0"
+
+
+def test_web_and_flower_listen_on_loopback_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, resolved: dict[str, Any]
+) -> None:
+    # Issue 42, finding 7: both bound 0.0.0.0, Flower with no login, and gunicorn
+    # trusted X-Forwarded-* from anyone, all safe only inside compose.
+    web = serve.command(["web"])
+    assert web[web.index("--bind") + 1] == "127.0.0.1:8000"
+    assert web[web.index("--forwarded-allow-ips") + 1] == "127.0.0.1,::1"
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    assert serve.command(["flower"])[-1] == "--address=127.0.0.1"
+    with pytest.raises(SystemExit):
+        serve.command(["flower", "--address", "0.0.0.0"])  # open to the network, no login
+    compose = {name: " ".join(svc["command"]) for name, svc in resolved["services"].items() if "command" in svc}
+    assert "--bind 0.0.0.0:8000 --forwarded-allow-ips *" in compose["web"]
+    assert "--behind-proxy --address 0.0.0.0" in compose["flower"]
 
 
 def test_gpu_check_script_is_valid_bash() -> None:
