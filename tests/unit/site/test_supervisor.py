@@ -45,3 +45,21 @@ def test_redis_syncs_its_append_only_file_as_redis_appendfsync_says(monkeypatch)
     monkeypatch.setenv("REDIS_APPENDFSYNC", "sometimes")
     with pytest.raises(SystemExit, match="set it to one of everysec, always"):
         fsync()
+
+
+def test_make_runs_redis_has_a_password_kept_off_the_command_line_and_masked_when_printed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Issue 42, finding 8: make run's Redis had no password, and the banner printed
+    # REDIS_URL with any password in it.
+    import os
+    import stat
+
+    cmd = processes.redis_server_command(6399, str(tmp_path), appendonly=True, password="s3cret-pw")
+    assert "s3cret-pw" not in " ".join(cmd), "a password on argv is visible to every local user (ps)"
+    conf_file = cmd[1]
+    assert (
+        conf_file == str(tmp_path / "auth.conf") and (tmp_path / "auth.conf").read_text() == 'requirepass "s3cret-pw"\n'
+    )
+    assert stat.S_IMODE(os.stat(conf_file).st_mode) == 0o600
+    assert processes.mask_url("redis://:s3cret-pw@127.0.0.1:6380/0") == "redis://:***@127.0.0.1:6380/0"
+    assert processes.mask_url("rediss://user:pw@redis.internal:6379/1") == "rediss://user:***@redis.internal:6379/1"
+    assert processes.mask_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
