@@ -169,8 +169,7 @@ def redis_server_command(
             f.write(f'requirepass "{password}"\n')
         auth = [conf_file]
     return [
-        binary, *auth,
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
+        binary, *auth, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", data_dir, "--protected-mode", "no",
     ]  # fmt: skip
 

@@ -55,6 +55,7 @@ def test_make_runs_redis_has_a_password_kept_off_the_command_line_and_masked_whe
 
     cmd = processes.redis_server_command(6399, str(tmp_path), appendonly=True, password="s3cret-pw")
     assert "s3cret-pw" not in " ".join(cmd), "a password on argv is visible to every local user (ps)"
+    assert cmd.count(cmd[0]) == 1, cmd
     conf_file = cmd[1]
     assert (
         conf_file == str(tmp_path / "auth.conf") and (tmp_path / "auth.conf").read_text() == 'requirepass "s3cret-pw"\n'
