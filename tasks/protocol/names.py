@@ -120,6 +120,10 @@ def in_flight_key(owner: str, priority: str) -> str:
     return f"{IN_FLIGHT_PREFIX}{owner}:{priority}"
 
 
+#: Counter per client address or username: failed logins in the current window
+#: (batching_site/logins.py).
+LOGIN_FAILURES_PREFIX = PREFIX + "login_failures:"
+
 #: Sorted set: owner -> when it last had a request admitted (the dashboard's clients).
 OWNERS_INDEX_KEY = PREFIX + "owners"
 

@@ -1,0 +1,116 @@
+"""Failed logins are limited per client address and per username (issue 42, finding 1).
+
+Every login check runs PBKDF2 (a million iterations), even for an unknown user, so an
+unlimited `/login/` or `/admin/login/` was both online password guessing against staff
+and a CPU flood of the web threads everybody's submits and polls share. Here a failed
+login counts against its client's address and against the username tried, in Redis,
+for WINDOW_S; past either limit, a login POST is refused with 429 and Retry-After
+before the password is checked at all (the middleware runs before the view). A
+successful login clears its username's count. Written here, not with django-axes,
+because the counters belong in the Redis every web process already shares, next to the
+quotas, with no database writes per attempt.
+
+The client's address is the front door's `X-Forwarded-For` (Caddy sets it and ignores
+one a client sent) when the request came through it, else REMOTE_ADDR.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
+
+from dynamic_batching.protocol.names import LOGIN_FAILURES_PREFIX
+from dynamic_batching.store import shared_state
+
+log = logging.getLogger(__name__)
+
+#: Failed logins allowed in a window, per client address and per username.
+PER_ADDRESS = 20
+PER_USERNAME = 5
+WINDOW_S = 300
+
+
+def client_address(request: HttpRequest) -> str:
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if forwarded:
+        return forwarded.split(",")[-1].strip()
+    return str(request.META.get("REMOTE_ADDR", ""))
+
+
+def _keys(request: HttpRequest, username: str | None) -> list[tuple[str, int]]:
+    keys = [(f"{LOGIN_FAILURES_PREFIX}addr:{client_address(request)}", PER_ADDRESS)]
+    if username:
+        keys.append((f"{LOGIN_FAILURES_PREFIX}user:{username.strip().lower()[:150]}", PER_USERNAME))
+    return keys
+
+
+def refused_for(request: HttpRequest, username: str | None) -> int | None:
+    """Seconds until this login may be tried again, or None if it may now."""
+    r = shared_state.client()
+    pipe = r.pipeline(transaction=False)
+    keys = _keys(request, username)
+    for key, _ in keys:
+        pipe.get(key)
+        pipe.ttl(key)
+    replies = pipe.execute()
+    waits = [
+        max(1, int(ttl))
+        for (key, limit), count, ttl in zip(keys, replies[::2], replies[1::2], strict=True)
+        if count is not None and int(count) >= limit
+    ]
+    return max(waits) if waits else None
+
+
+def _failed(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **_: Any) -> None:
+    if request is None:
+        return
+    try:
+        pipe = shared_state.client().pipeline(transaction=False)
+        for key, _limit in _keys(request, credentials.get("username")):
+            pipe.incr(key)
+            pipe.expire(key, WINDOW_S, nx=True)
+        pipe.execute()
+    except Exception:  # noqa: BLE001 - a login must not fail because counting did
+        log.warning("could not count a failed login", exc_info=True)
+
+
+def _succeeded(sender: Any, request: HttpRequest | None = None, user: Any = None, **_: Any) -> None:
+    if request is None or user is None:
+        return
+    try:
+        shared_state.client().delete(f"{LOGIN_FAILURES_PREFIX}user:{user.get_username().strip().lower()[:150]}")
+    except Exception:  # noqa: BLE001
+        log.warning("could not clear a login's failures", exc_info=True)
+
+
+user_login_failed.connect(_failed, dispatch_uid="batching-login-failed")
+user_logged_in.connect(_succeeded, dispatch_uid="batching-login-succeeded")
+
+
+class LoginThrottle:
+    """Refuse a login POST (the site's /login/ and the admin's) from an address or for a
+    username past its failed-login limit: 429 with Retry-After, no password check."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self._paths: set[str] | None = None
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST":
+            if self._paths is None:
+                self._paths = {reverse("login"), reverse("admin:login")}
+            if request.path in self._paths:
+                try:
+                    wait = refused_for(request, request.POST.get("username"))
+                except Exception:  # noqa: BLE001 - Redis away: the login itself still works
+                    wait = None
+                if wait is not None:
+                    response = JsonResponse({"detail": f"too many failed logins: try again in {wait} s"}, status=429)
+                    response["Retry-After"] = str(wait)
+                    return response
+        return self.get_response(request)

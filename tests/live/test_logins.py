@@ -1,0 +1,53 @@
+"""Failed logins are limited per client address and per username, the admin's login
+included: past the limit a login POST gets 429 with Retry-After before any password is
+checked (issue 42, finding 1: unlimited attempts, each a PBKDF2 run)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import forms
+from django.test import Client
+
+from batching_site import logins
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db]
+
+PASSWORD = "the-right-password-42"
+
+
+def test_a_username_guessed_at_is_refused_past_its_limit_then_cleared_by_success(
+    bare_redis, django_user_model, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    django_user_model.objects.create_user("target", password=PASSWORD, is_staff=True)
+    guesser = Client(REMOTE_ADDR="198.51.100.7")
+    for _ in range(logins.PER_USERNAME):
+        assert guesser.post("/login/", {"username": "target", "password": "wrong"}).status_code == 200
+    checks = []
+    monkeypatch.setattr(forms, "authenticate", lambda *a, **k: checks.append(k) or None)
+    refused = guesser.post("/admin/login/", {"username": "target", "password": PASSWORD})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert "too many failed logins" in refused.json()["detail"]
+    assert checks == [], "a refused login was checked (PBKDF2) all the same"
+    monkeypatch.undo()
+    # The right user from elsewhere is still refused for that username, until the window ends.
+    assert (
+        Client(REMOTE_ADDR="203.0.113.1").post("/login/", {"username": "target", "password": PASSWORD}).status_code
+        == 429
+    )
+
+
+def test_one_address_is_refused_past_its_limit_whatever_username_it_tries(bare_redis, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    django_user_model.objects.create_user("someone", password=PASSWORD)
+    flood = Client(REMOTE_ADDR="198.51.100.8")
+    for i in range(logins.PER_ADDRESS):
+        flood.post("/login/", {"username": f"nobody-{i}", "password": "x"})
+    assert flood.post("/login/", {"username": "someone", "password": PASSWORD}).status_code == 429
+    # Behind the front door the address is the proxy's X-Forwarded-For, not the proxy's own.
+    assert (
+        Client(REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.8")
+        .post("/login/", {"username": "someone", "password": PASSWORD})
+        .status_code
+        == 429
+    )
+    other = Client(REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="192.0.2.50")
+    assert other.post("/login/", {"username": "someone", "password": PASSWORD}).status_code == 302
