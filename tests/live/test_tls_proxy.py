@@ -167,3 +167,36 @@ def test_a_made_up_session_is_sent_to_the_login(door: LocalSystem) -> None:
         assert re.match(r"/admin/login/\?next=/flower/$", response.getheader("Location") or "")
     finally:
         conn.close()
+
+
+def test_fifty_slow_bodies_hold_no_web_thread(door: LocalSystem) -> None:
+    # Issue 42, finding 9: a POST whose body comes a byte at a time held a gunicorn
+    # thread for as long as its sender liked; a handful held all 16. The proxy now reads
+    # a whole body before the web sees the request, and cuts a slow one off at 30 s.
+    import socket
+    import time
+
+    assert door.proxy is not None
+    context = ssl._create_unverified_context()
+    slow = []
+    try:
+        for _ in range(50):
+            raw = socket.create_connection(("localhost", door.proxy.https_port), timeout=5)
+            conn = context.wrap_socket(raw, server_hostname="localhost")
+            # A CSRF cookie and no header: Django reads the form body for the token,
+            # so an unbuffered body holds the thread that reads it.
+            conn.sendall(
+                b"POST /login/ HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n"
+                b"Cookie: csrftoken=" + b"a" * 32 + b"\r\n"
+                b"Content-Length: 1000\r\n\r\nusername=slow&password="
+            )
+            slow.append(conn)
+        time.sleep(1)  # let them reach whatever they would hold
+        t0 = time.monotonic()
+        assert https_status(door, "/healthz") in (200, 503)  # 5 s timeout: held threads would miss it
+        assert https_status(door, "/login/") == 200
+        print(f"with 50 slow bodies open, two requests answered in {time.monotonic() - t0:.2f} s")
+    finally:
+        for conn in slow:
+            conn.close()
