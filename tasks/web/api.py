@@ -36,7 +36,7 @@ from pydantic import TypeAdapter, create_model, field_validator, model_validator
 
 from dynamic_batching import metrics
 from dynamic_batching.conf import conf
-from dynamic_batching.core.errors import Overloaded, QuotaExceeded
+from dynamic_batching.core.errors import Overloaded, PriorityNotAllowed, QuotaExceeded
 from dynamic_batching.gpu_workers.models import get_spec, model_names
 from dynamic_batching.gpu_workers.models.base import check_text
 from dynamic_batching.models import ApiToken
@@ -180,7 +180,7 @@ ERRORS: dict[int, type[Schema]] = {code: Error for code in (400, 401, 403, 413, 
 def create_requests(request: HttpRequest, payload: SubmitIn) -> Status:
     """Queue inputs for a model; answers 202 with their ids at once.
 
-    Example: `{"texts": ["first", "second"], "priority": "high", "model": "minilm",
+    Example: `{"texts": ["first", "second"], "priority": "normal", "model": "minilm",
     "deadline_s": 5}` → `202 {"ids": ["…", "…"], "status": "PENDING"}`. Poll each id
     with GET /api/v1/requests/{id}.
     """
@@ -192,8 +192,9 @@ def _submit(
 ) -> Status:
     try:
         ids = access.submit_inputs(request, request.auth, values, priority=priority, model=model, deadline_s=deadline_s)
-    except (ValueError, TypeError) as exc:
-        # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text.
+    except (ValueError, TypeError, PriorityNotAllowed) as exc:
+        # The edge's own checks (tasks/edge/intake.py): an unknown model, an empty text;
+        # a tier above the caller's quota (403).
         answer = refusal(exc)
         assert answer is not None
         raise HttpError(answer.status, answer.detail) from exc

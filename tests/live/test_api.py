@@ -260,3 +260,14 @@ def test_an_answer_holding_nan_reads_as_json_with_null(live_system, api: Client,
         assert response.status_code == 200
         body = strict(response.content)
         assert body["status"] == "SUCCESS" and body["result"] == {"scores": [0.5, None], "top": None}
+
+
+def test_a_tier_above_the_quota_is_403_naming_the_allowed_one(api: Client, bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # Issue 42, finding 2 (it was a 500 on the API until the fuzzer found it).
+    response = post(api, {"text": "urgent", "priority": "high", "model": "synthetic"})
+    assert response.status_code == 403 and "'normal' at most" in response.json()["detail"]
+    for path in ("/api/v1/models/synthetic/requests",):
+        typed = api.post(
+            path, data=json.dumps({"input": "urgent", "priority": "high"}), content_type="application/json"
+        )
+        assert typed.status_code == 403, typed.content

@@ -50,6 +50,7 @@ def api_schema(bare_redis):  # type: ignore[no-untyped-def]
 OPERATIONS = [
     ("/api/v1/requests", "POST"),
     ("/api/v1/requests/{request_id}", "GET"),
+    ("/api/v1/requests/{request_id}", "DELETE"),
     ("/api/v1/stats", "GET"),
     ("/api/v1/models", "GET"),
     # One typed operation per configured model.
