@@ -70,7 +70,7 @@ def test_every_operation_is_fuzzed(api_schema) -> None:  # type: ignore[no-untyp
 def test_schemathesis_finds_no_500_and_no_undeclared_answer(api_schema, token, path, method, mode) -> None:  # type: ignore[no-untyped-def]
     operation = api_schema[path][method]
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(case=operation.as_strategy(generation_mode=mode))
     def call(case) -> None:  # type: ignore[no-untyped-def]
         response = case.call(headers={"Authorization": f"Bearer {token}"})

@@ -25,14 +25,19 @@ OWNER = "user:revoker"
 def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) -> None:  # type: ignore[no-untyped-def]
     r = shared_state.client()
     quota = Quota(rate_per_s=10_000, burst=10_000, max_in_flight=10_000, tier_share=1.0)
-    backlog_texts = [f"backlog {i}" for i in range(400)]
+    backlog_texts = [f"backlog {i}" for i in range(300)]
+    # Fifty before the backlog and fifty after it: with no device yet, the collector
+    # holds its window (256, the oldest) and the rest waits queued, so both a held and a
+    # queued request are revoked.
+    first = submit_many([f"revoked {i}" for i in range(50)], model="synthetic", owner=OWNER, quota=quota)
     backlog = submit_many(backlog_texts, model="synthetic", owner=OWNER, quota=quota)
-    doomed = submit_many([f"revoked {i}" for i in range(100)], model="synthetic", owner=OWNER, quota=quota)
-    # No device yet: the collector holds its window (256) and the rest waits queued, so
-    # both a held and a queued request are revoked.
+    last = submit_many([f"revoked {i}" for i in range(50, 100)], model="synthetic", owner=OWNER, quota=quota)
+    doomed = first + last
     bare_redis.start_collector()
     poll_until(lambda: r.hlen("batching:held:normal") >= 256, "the collector to hold its window", timeout=60)
-    assert r.zcard(in_flight_key(OWNER, "normal")) == 500
+    held = set(r.hkeys("batching:held:normal"))
+    assert all(x.id.encode() in held for x in first) and not any(x.id.encode() in held for x in last)
+    assert r.zcard(in_flight_key(OWNER, "normal")) == 400
     poll_until(lambda: app.control.ping(timeout=0.5), "the collector to answer remote control", timeout=60)
 
     for result in doomed[:50]:
@@ -43,7 +48,7 @@ def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) ->
     # Celery's own revoke handler stores REVOKED at once; the collector's next turn
     # (0.25 s) takes them out and frees their owner's slots.
     t0 = time.monotonic()
-    poll_until(lambda: r.zcard(in_flight_key(OWNER, "normal")) == 400, "their in-flight slots to be freed", timeout=10)
+    poll_until(lambda: r.zcard(in_flight_key(OWNER, "normal")) == 300, "their in-flight slots to be freed", timeout=10)
     print(f"in-flight slots freed {time.monotonic() - t0:.2f} s after REVOKED")
     with pytest.raises(TaskRevokedError):
         doomed[0].get(timeout=5)
@@ -53,14 +58,14 @@ def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) ->
     assert all(x.state == "REVOKED" for x in doomed), "a revoked request was answered after all"
     beat = poll_until(
         lambda: (
-            next(iter(shared_state.live_devices().values()), {}).get("requests", 0) >= 400
+            next(iter(shared_state.live_devices().values()), {}).get("requests", 0) >= 300
             and shared_state.live_devices()
         ),
         "the device's heartbeat to count the backlog",
         timeout=30,
     )
     [device] = beat.values()
-    assert device["requests"] == 400, f"the device ran {device['requests']} requests: a revoked one ran"
+    assert device["requests"] == 300, f"the device ran {device['requests']} requests: a revoked one ran"
     assert r.zcard(in_flight_key(OWNER, "normal")) == 0
 
 
