@@ -98,7 +98,7 @@ class Collector:
         #: Ids revoked through Celery, heard by this worker's control thread.
         self.revocations = Revocations()
         #: A request whose answer is stored under this prefix is dropped when taken.
-        self._answered_prefix = app.backend.get_key_for_task("x")[:-1]
+        self._answered_prefix = app.backend.task_keyprefix
 
     # The dispatch mode and the devices' names belong to the outbox; these let a test
     # or a benchmark set them on the collector.

@@ -137,10 +137,6 @@ def _log_own_failure(outcome: Outcome) -> None:
 
 
 def _trace(app: Celery, outcome: Outcome, fields: Mapping[str, Any]) -> None:
-    tracer = _tracers.get(id(app))
-    if tracer is None:
-        task = app.tasks[INFER_TASK]
-        tracer = _tracers[id(app)] = build_tracer(INFER_TASK, task, hostname=_HOSTNAME, app=app, eager=False)
     request = {
         **fields,
         "id": outcome.task_id,
@@ -160,6 +156,10 @@ def _trace(app: Celery, outcome: Outcome, fields: Mapping[str, Any]) -> None:
             sender=app.tasks[INFER_TASK], request=context, terminated=False, signum=None, expired=False
         )
         return
+    tracer = _tracers.get(id(app))  # built once, and only where a request is traced
+    if tracer is None:
+        task = app.tasks[INFER_TASK]
+        tracer = _tracers[id(app)] = build_tracer(INFER_TASK, task, hostname=_HOSTNAME, app=app, eager=False)
     token = _REPLAY.set(outcome)
     try:
         tracer(outcome.task_id, (), {}, request)
