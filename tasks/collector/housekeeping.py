@@ -8,6 +8,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from celery.exceptions import TaskRevokedError
+
 from dynamic_batching.conf import conf
 
 from ..core.errors import DeadlineExceeded, RequestLost
@@ -67,6 +69,7 @@ def run(c: Collector, r: Any, now: float) -> None:
         log.warning("batch %s not reported done after %.1fs; reclaiming its slot", batch_id, age)
     if stale:
         recover_vanished(c, r, [batch_id for batch_id, _ in stale])
+    sweep_purged(c, r)  # before the ledger sweep, which would queue them again
     if now >= c.next_sweep:
         c.next_sweep = now + SWEEP_EVERY_S
         c.slow_inputs = shared_state.slow_inputs(r)
@@ -111,6 +114,31 @@ def recover_vanished(c: Collector, r: Any, batch_ids: list[str]) -> None:
         )
         ledger.touch(r, ids, 0.0)  # overdue at once
         c.next_sweep = 0.0
+
+
+def sweep_purged(c: Collector, r: Any) -> None:
+    """A request purged from its queue (`celery purge -Q batching.requests.normal`)
+    stays purged: it ends REVOKED, as a revoked one does (its ledger entry struck off
+    and its owner's slots freed by the outcome's write), instead of being found lost by
+    the ledger sweep and queued again."""
+    gone = [task_id for _, task_id in request_queues.purged(r)]
+    if not gone:
+        return
+    payloads = dict(zip(gone, r.hmget(ledger.PAYLOADS_KEY, gone), strict=True))
+    ended = [t for t in gone if payloads[t] is not None]  # the rest were answered already
+    log.warning("%d request(s) were purged from their queue; they end REVOKED and never run", len(ended))
+    c.outcomes.write(
+        [
+            Outcome(
+                t,
+                error=TaskRevokedError("purged"),
+                details={"revoked": True, "purged": True},
+                celery=inbox.celery_of(payloads[t]),
+            )
+            for t in ended
+        ]
+    )
+    c.stats["purged"] = c.stats.get("purged", 0) + len(ended)
 
 
 def sweep_ledger(c: Collector, r: Any, now: float | None = None) -> None:

@@ -73,6 +73,13 @@ def held_key(priority: str) -> str:
     return f"{PREFIX}held:{priority}"
 
 
+def queued_key(priority: str) -> str:
+    """Set: the ids of the requests waiting in a tier's queue, written in the same
+    scripts that push and take them, so an id here and not in the queue was removed by
+    someone else (`celery purge`: tasks/collector/housekeeping.py::sweep_purged)."""
+    return f"{PREFIX}queued:{priority}"
+
+
 #: kombu's Redis transport keeps unacked messages in a hash, indexed by a sorted set and
 #: swept under a lock, by default under names every consumer of the database shares.
 #: The batching workers use their own (protocol/app.py configure_worker): their 30 s

@@ -51,6 +51,7 @@ from ..protocol.names import (
     held_key,
     in_flight_key,
     owner_key,
+    queued_key,
     rate_key,
     request_queue_name,
 )
@@ -134,6 +135,7 @@ def admit(
         *(in_flight_key(owner, p) for p in PRIORITIES),
         OWNERS_INDEX_KEY,
         DEADLINES_KEY,
+        queued_key(priority),
     ]
     if owner:
         keys += [owner_key(task_id) for task_id, _ in entries]
@@ -157,6 +159,7 @@ def take(
         WAKE_KEY,
         EVENTS_QUEUE,
         COLLECTOR_LEASE_KEY,
+        *(queued_key(p) for p in PRIORITIES),
     ]
     out = _TAKE_SCRIPT(keys=keys, args=[window, token, answered_prefix], client=r)
     if not out:
@@ -256,6 +259,7 @@ def release(r: redis.Redis, items: Sequence[tuple[str, str]]) -> None:
     for (priority, task_id), raw in reversed(list(zip(items, raws, strict=True))):
         if raw is not None:
             pipe.rpush(request_queue_name(priority), raw)
+            pipe.sadd(queued_key(priority), task_id)
             pipe.hdel(held_key(priority), task_id)
     pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
     pipe.execute()
@@ -265,12 +269,39 @@ def republish(r: redis.Redis, entries: Sequence[tuple[str, str, bytes]]) -> None
     """Push (priority, id, message) requests again: the ledger sweep's repair."""
     if not entries:
         return
-    pipe = r.pipeline(transaction=False)
-    for priority, _task_id, raw in entries:
+    pipe = r.pipeline(transaction=True)  # the push and the queued set together (sweep_purged)
+    for priority, task_id, raw in entries:
         pipe.lpush(request_queue_name(priority), raw)
+        pipe.sadd(queued_key(priority), task_id)
     ledger.touch(pipe, [task_id for _, task_id, _ in entries], clock.now())
     pipe.lpush(WAKE_KEY, 1).ltrim(WAKE_KEY, 0, 0)
     pipe.execute()
+
+
+def purged(r: redis.Redis) -> list[tuple[str, str]]:
+    """The (priority, id) of requests someone else removed from their queue (`celery
+    purge` deletes the list), struck off the queued sets. Each push and take writes a
+    tier's queued set in the same script, so a set larger than its queue is the sign;
+    only then are the set and the queue read, together."""
+    pipe = r.pipeline(transaction=True)
+    for p in PRIORITIES:
+        pipe.scard(queued_key(p)).llen(request_queue_name(p))
+    counts = pipe.execute()
+    tiers = [p for i, p in enumerate(PRIORITIES) if counts[2 * i] > counts[2 * i + 1]]
+    if not tiers:
+        return []
+    pipe = r.pipeline(transaction=True)
+    for p in tiers:
+        pipe.smembers(queued_key(p)).lrange(request_queue_name(p), 0, -1)
+    rows = pipe.execute()
+    out = []
+    for i, p in enumerate(tiers):
+        waiting = {wire.task_id_of(raw) for raw in rows[2 * i + 1]}
+        gone = sorted(m.decode() for m in rows[2 * i] if m.decode() not in waiting)
+        if gone:
+            r.srem(queued_key(p), *gone)
+            out += [(p, task_id) for task_id in gone]
+    return out
 
 
 def oldest_waiting(r: redis.Redis) -> dict[str, float]:

@@ -169,6 +169,22 @@ def test_release_puts_held_requests_back_at_the_head_in_order(r: Any, token: str
     assert [wire.task_id_of(m) for m in tiers["normal"]] == [t for t, _ in first + later]
 
 
+def test_only_a_request_someone_else_removed_from_its_queue_reads_as_purged(r: Any, token: str) -> None:
+    queued = messages("normal", 4)
+    request_queues.admit(r, "normal", 10, queued)
+    request_queues.take(r, 1, token)  # taken: the collector's now
+    # Put back, and queued again by the ledger: still waiting, not purged.
+    request_queues.release(r, [("normal", queued[0][0])])
+    request_queues.republish(r, [("normal", queued[1][0], queued[1][1].encode())])
+    assert request_queues.purged(r) == []
+    request_queues.take(r, 1, token)
+    r.delete(request_queue_name("normal"))  # what `celery purge` does to the list
+    high = messages("high", 1)
+    request_queues.admit(r, "high", 10, high)
+    assert sorted(request_queues.purged(r)) == sorted(("normal", t) for t, _ in queued[1:])
+    assert request_queues.purged(r) == [], "each purged request is reported once"
+
+
 def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
     with app.producer_or_acquire() as producer:
         from dynamic_batching.protocol.wire import publish_event

@@ -4,6 +4,9 @@ TaskRevokedError, and its owner's in-flight slots are freed at once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -67,6 +70,43 @@ def test_revoking_100_requests_behind_a_backlog_runs_none_of_them(bare_redis) ->
     [device] = beat.values()
     assert device["requests"] == 300, f"the device ran {device['requests']} requests: a revoked one ran"
     assert r.zcard(in_flight_key(OWNER, "normal")) == 0
+
+
+def test_celery_purge_of_a_request_queue_sticks(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # `celery purge` deletes the queue's list; the ledger, which queues again whatever
+    # an accepted request loses, must not bring purged requests back (up to three times,
+    # as it did): each ends REVOKED, frees its owner's slots and never runs.
+    owner = "user:purger"
+    r = shared_state.client()
+    quota = Quota(rate_per_s=10_000, burst=10_000, max_in_flight=10_000, tier_share=1.0)
+    doomed = submit_many([f"purged {i}" for i in range(50)], model="synthetic", owner=owner, quota=quota)
+    assert r.zcard(in_flight_key(owner, "normal")) == 50
+    env = {**os.environ, "REDIS_URL": bare_redis.redis_url, "BATCHING_REDIS_URL": bare_redis.redis_url}
+    purge = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "batching_site", "purge", "-f", "-Q", "batching.requests.normal"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert purge.returncode == 0 and "Purged 50 messages" in purge.stdout, purge.stdout + purge.stderr
+
+    # A short ledger grace: the sweep looks for lost requests every 5 s past 5 s.
+    bare_redis.start_collector(env={"BATCHING_VISIBILITY_TIMEOUT_S": "4", "BATCHING_LEDGER_GRACE_S": "5"})
+    poll_until(lambda: all(x.state == "REVOKED" for x in doomed), "every purged request to read REVOKED", timeout=30)
+    poll_until(lambda: r.zcard(in_flight_key(owner, "normal")) == 0, "their in-flight slots to be freed", timeout=10)
+    with pytest.raises(TaskRevokedError):
+        doomed[0].get(timeout=5)
+
+    bare_redis.start_device("cpu:0")
+    [after] = submit_many(["after the purge"], model="synthetic")
+    assert after.get(timeout=60) == synthetic.embed("after the purge")
+    time.sleep(12)  # past the ledger's grace and two of its sweeps
+    stats = (shared_state.read_collector() or {}).get("stats", {})
+    assert stats.get("purged") == 50 and stats.get("republished", 0) == 0, stats
+    assert all(x.state == "REVOKED" for x in doomed)
+    [device] = shared_state.live_devices().values()
+    assert device["requests"] == 1, f"the device ran {device['requests']} requests: a purged one ran"
 
 
 def test_a_request_already_running_when_revoked_finishes(bare_redis) -> None:  # type: ignore[no-untyped-def]

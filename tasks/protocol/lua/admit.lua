@@ -3,7 +3,7 @@
 -- (tasks/core/quota.py): its share of this tier, its requests in flight, its rate.
 -- KEYS: queue, held hash, ledger, ledger payloads, wake token, the owner's rate bucket,
 --       the owner's in-flight sets for each tier, the index of owners, the deadlines,
---       then one owner key per request.
+--       the tier's set of queued ids, then one owner key per request.
 -- ARGV: 1 cap, 2 now, 3 an events message ('' for none), 4 owner ('' for none),
 --       5 what an owner key holds, 6 rate per s, 7 burst, 8 most in flight,
 --       9 this tier's share cap, 10 this tier's index among KEYS[7..9],
@@ -23,7 +23,7 @@ local n = (#ARGV - first + 1) / 2
 -- the ledger, or, answered meanwhile, still has its owner key. Request ids are fresh
 -- for every call, so the first one marks the call.
 if n > 0 and (redis.call('HEXISTS', KEYS[4], ARGV[first]) == 1
-        or (owner ~= '' and redis.call('EXISTS', KEYS[12]) == 1)) then
+        or (owner ~= '' and redis.call('EXISTS', KEYS[13]) == 1)) then
     return {1, depth, '', 0}
 end
 if depth + n > tonumber(ARGV[1]) then
@@ -59,13 +59,14 @@ if owner ~= '' then
     redis.call('EXPIRE', KEYS[6], math.ceil(burst / rate) + 1)
 end
 
-local k = 12
+local k = 13
 local deadline = ARGV[13]
 for i = first, #ARGV, 2 do
     redis.call('ZADD', KEYS[3], now, ARGV[i])
     redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
     if deadline ~= '' then redis.call('ZADD', KEYS[11], deadline, ARGV[i]) end
     redis.call('LPUSH', KEYS[1], ARGV[i + 1])
+    redis.call('SADD', KEYS[12], ARGV[i])
     if owner ~= '' then
         redis.call('SET', KEYS[k], ARGV[5], 'EX', ARGV[11])
         redis.call('ZADD', in_flight, ARGV[12], ARGV[i])

@@ -1,7 +1,8 @@
 -- The active collector takes up to its window per tier into the held hashes, and drains
 -- the device events, in one call (tasks/store/request_queues.py::take); nothing at all
 -- (false) unless it still holds the lease.
--- KEYS: the three queues, their three held hashes, the wake token, the events queue, the lease.
+-- KEYS: the three queues, their three held hashes, the wake token, the events queue, the lease,
+--       the three sets of queued ids (struck off here as their messages are taken).
 -- ARGV: the window, the fencing token, the result keys' prefix.
 -- A message whose request already has its answer (revoked while queued, or answered
 -- DeadlineExceeded by the deadline sweep) is dropped here: it never runs. Its id comes
@@ -29,6 +30,7 @@ for t = 1, 3 do
                 local ok, m = pcall(cjson.decode, raw)
                 if ok and type(m) == 'table' and type(m['headers']) == 'table'
                         and type(m['headers']['id']) == 'string' then
+                    redis.call('SREM', KEYS[9 + t], m['headers']['id'])
                     local answer = redis.call('GET', ARGV[3] .. m['headers']['id'])
                     if not answer or is_started(answer) then
                         redis.call('HSET', KEYS[3 + t], m['headers']['id'], raw)
