@@ -78,23 +78,25 @@ def web_command(
     port: int = 8000,
     bind: str | None = None,
     workers: int | None = None,
-    threads: int | None = None,
+    connections: int | None = None,
     forwarded_allow_ips: str = "127.0.0.1,::1",
 ) -> list[str]:
     """The web role, the same under `make run`, the tests and compose: gunicorn on
-    127.0.0.1:`port` (or `bind`). Each worker process (WEB_WORKERS) is a thin client: it
-    validates, publishes and reads results, and never runs the model. Most of a
-    request's time is spent waiting on Redis, so each serves WEB_THREADS requests at
-    once on threads (gthread); more than one process keeps one client's flood of
-    refusals from holding everybody else's requests up on a single GIL."""
+    127.0.0.1:`port` (or `bind`), serving the site as ASGI (batching_site/asgi.py) with
+    one uvicorn event loop per worker process (WEB_WORKERS). Each is a thin client: it
+    validates, publishes and reads results, and never runs the model. A request waiting
+    on its answer (`?wait=`) is a coroutine, not a thread; each worker serves at most
+    WEB_CONNECTIONS requests at once and answers 503 past that. More than one process
+    keeps one client's flood of refusals from holding everybody else up on one GIL."""
     from django.conf import settings
 
     workers = workers or settings.WEB_WORKERS
-    threads = threads or settings.WEB_THREADS
+    connections = connections or settings.WEB_CONNECTIONS
     return [
-        sys.executable, "-m", "gunicorn", "batching_site.wsgi:application",
+        sys.executable, "-m", "gunicorn", "batching_site.asgi:application",
         "--bind", bind or f"127.0.0.1:{port}",
-        "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+        "--workers", str(workers), "--worker-class", "batching_site.web_worker.Worker",
+        "--worker-connections", str(connections),
         # A request view waits on its answer with a bounded timeout; this is the backstop.
         "--timeout", "60", "--graceful-timeout", "30",
         # X-Forwarded-* is trusted from the front door only: loopback by default (the

@@ -71,6 +71,7 @@ TEMPLATES = [
 ]
 
 WSGI_APPLICATION = "batching_site.wsgi.application"
+ASGI_APPLICATION = "batching_site.asgi.application"
 
 #: SQLite beside manage.py unless DATABASE_URL names another database (postgres://...).
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
@@ -143,10 +144,10 @@ def _check(ok: bool, variable: str, value: object, rule: str) -> None:
 #: Gunicorn worker processes of the web role (python -m batching_site.serve web).
 WEB_WORKERS = env.int("WEB_WORKERS", default=2)
 _check(WEB_WORKERS >= 1, "WEB_WORKERS", WEB_WORKERS, "at least 1")
-#: Threads per gunicorn worker (gthread): each serves one request, most of which is
-#: spent waiting on Redis, so threads are cheaper than more worker processes.
-WEB_THREADS = env.int("WEB_THREADS", default=8)
-_check(WEB_THREADS >= 1, "WEB_THREADS", WEB_THREADS, "at least 1")
+#: Requests one web worker serves at once (uvicorn's limit_concurrency); past it, 503.
+#: A waiting request is a coroutine; a sync view holds a thread for its duration.
+WEB_CONNECTIONS = env.int("WEB_CONNECTIONS", default=1000)
+_check(WEB_CONNECTIONS >= 1, "WEB_CONNECTIONS", WEB_CONNECTIONS, "at least 1")
 
 # --- Web: HTTPS, request limits, dashboard ---------------------------------------------
 # Production: DJANGO_DEBUG unset, DJANGO_SECRET_KEY set (the same in every web process),

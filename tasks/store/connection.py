@@ -47,12 +47,28 @@ _clients_lock = threading.Lock()
 _on_connect: list[Callable[[], None]] = []
 
 
+#: Connections the shared client of one process opens at most (redis-py's default). Past
+#: it a command waits up to POOL_WAIT_S for one to come free: a web worker may run more
+#: sync views at once than that (batching_site/asgi.py), and redis-py's plain pool would
+#: refuse the extra ones with "Too many connections".
+MAX_CONNECTIONS = 100
+POOL_WAIT_S = 10.0
+
+
 def client(url: str | None = None) -> redis.Redis:
     """One thread-safe client (and connection pool) per Redis URL per process."""
     url = url or conf.REDIS_URL
     with _clients_lock:
         if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30, **retrying())
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=POOL_WAIT_S,
+                socket_connect_timeout=2,
+                health_check_interval=30,
+                **retrying(),
+            )
+            _clients[url] = redis.Redis(connection_pool=pool)
         return _clients[url]
 
 

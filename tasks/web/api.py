@@ -17,13 +17,16 @@ or token) and by staff; tasks/web/access.py holds every rule.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
 from typing import Annotated, Any, Literal
 
 import redis
+from asgiref.sync import sync_to_async
 from celery import states
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
@@ -37,6 +40,7 @@ from pydantic import TypeAdapter, create_model, field_validator, model_validator
 from dynamic_batching import metrics
 from dynamic_batching.conf import conf
 from dynamic_batching.core.errors import Overloaded, PriorityNotAllowed, QuotaExceeded
+from dynamic_batching.edge.aio import AwaitableResult
 from dynamic_batching.gpu_workers.models import get_spec, model_names
 from dynamic_batching.gpu_workers.models.base import check_text
 from dynamic_batching.models import ApiToken
@@ -278,16 +282,38 @@ for _name in model_names():
     _typed_operation(_name)
 
 
+#: The longest `?wait=` a status read may hold: under a proxy's and a client's timeouts.
+MAX_WAIT_S = 30.0
+
+
 @api.get(
     "/requests/{request_id}", response={200: RequestOut, 404: Error, **ERRORS}, summary="A request's status and result"
 )
-def get_request(request: HttpRequest, request_id: uuid.UUID) -> dict[str, Any]:
+async def get_request(
+    request: HttpRequest,
+    request_id: uuid.UUID,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description="Seconds to wait for the request to end before answering (a long poll): "
+            "the answer comes as soon as it is stored, else its state once `wait` has passed.",
+        ),
+    ] = 0.0,
+) -> dict[str, Any]:
     """PENDING, or SUCCESS with `result`, or FAILURE with `error`; `details` and
     `timeline` say which batch and device ran it and when. Only its owner and staff
-    read it: 404 for anybody else, as for an id that never existed."""
-    if not access.may_read(request, request.auth, str(request_id)):
+    read it: 404 for anybody else, as for an id that never existed. With `?wait=S` it
+    answers once the request has ended or S seconds have passed, whichever is first; the
+    wait is a coroutine on the web worker's event loop, not a thread."""
+    task_id = str(request_id)
+    if not await sync_to_async(access.may_read)(request, request.auth, task_id):
         raise HttpError(404, "no such request of yours")
-    return timeline.read(str(request_id), staff=access.is_staff(request.auth))
+    if wait > 0:
+        with contextlib.suppress(CeleryTimeoutError):
+            await AwaitableResult(task_id, app=get_app()).aget(timeout=wait, propagate=False)
+    return await sync_to_async(timeline.read)(task_id, staff=access.is_staff(request.auth))
 
 
 class CancelOut(Schema):

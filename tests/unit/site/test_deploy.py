@@ -215,7 +215,7 @@ def test_serve_roles_exec_the_same_commands_as_make_run_and_the_tests(monkeypatc
     )
     assert serve.command(["collector"]) == processes.collector_command()
     web = serve.command(["web"])
-    assert web[1:4] == ["-m", "gunicorn", "batching_site.wsgi:application"]
+    assert web[1:4] == ["-m", "gunicorn", "batching_site.asgi:application"]
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
     behind = serve.command(["flower", "--behind-proxy", "--address", "0.0.0.0"])
     assert behind == [*processes.flower_command(behind_proxy=True), "--address=0.0.0.0"]

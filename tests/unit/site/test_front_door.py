@@ -87,13 +87,14 @@ def test_the_caddyfile_adapts(where: object, tmp_path: Path) -> None:
     assert settings.get("WEB_UPSTREAM", "web:8000") in text
 
 
-def test_the_web_role_runs_threaded_workers() -> None:
-    cmd = processes.web_command(workers=3, threads=5)
+def test_the_web_role_serves_the_site_as_asgi_on_uvicorn_workers() -> None:
+    cmd = processes.web_command(workers=3, connections=50)
+    assert "batching_site.asgi:application" in cmd
     assert cmd[cmd.index("--workers") + 1] == "3"
-    assert cmd[cmd.index("--worker-class") + 1] == "gthread"
-    assert cmd[cmd.index("--threads") + 1] == "5"
+    assert cmd[cmd.index("--worker-class") + 1] == "batching_site.web_worker.Worker"
+    assert cmd[cmd.index("--worker-connections") + 1] == "50"
     default = serve.command(["web"])
-    assert default[default.index("--threads") + 1] == "8"
+    assert default[default.index("--worker-connections") + 1] == "1000"
 
 
 def test_a_placeholder_credential_stops_every_role_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
