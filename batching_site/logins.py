@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
@@ -95,23 +96,42 @@ user_logged_in.connect(_succeeded, dispatch_uid="batching-login-succeeded")
 
 class LoginThrottle:
     """Refuse a login POST (the site's /login/ and the admin's) from an address or for a
-    username past its failed-login limit: 429 with Retry-After, no password check."""
+    username past its failed-login limit: 429 with Retry-After, no password check.
+    Sync and async alike: under ASGI a request that is not a login passes straight on,
+    with no switch to a thread and back (batching_site/asgi.py)."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
         self._paths: set[str] | None = None
+        self._async = iscoroutinefunction(get_response)
+        if self._async:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method == "POST":
-            if self._paths is None:
-                self._paths = {reverse("login"), reverse("admin:login")}
-            if request.path in self._paths:
-                try:
-                    wait = refused_for(request, request.POST.get("username"))
-                except Exception:  # noqa: BLE001 - Redis away: the login itself still works
-                    wait = None
-                if wait is not None:
-                    response = JsonResponse({"detail": f"too many failed logins: try again in {wait} s"}, status=429)
-                    response["Retry-After"] = str(wait)
-                    return response
-        return self.get_response(request)
+    def __call__(self, request: HttpRequest) -> Any:
+        if self._async:
+            return self._acall(request)
+        return self._refused(request) or self.get_response(request)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        refused = await sync_to_async(self._refused)(request) if request.method == "POST" else None
+        return refused or await self.get_response(request)
+
+    def _refused(self, request: HttpRequest) -> HttpResponse | None:
+        if request.method != "POST":
+            return None
+        if self._paths is None:
+            self._paths = {reverse("login"), reverse("admin:login")}
+        if request.path not in self._paths:
+            return None
+        try:
+            wait = refused_for(request, request.POST.get("username"))
+        except Exception:  # noqa: BLE001 - Redis away: the login itself still works
+            wait = None
+        if wait is None:
+            return None
+        response = JsonResponse({"detail": f"too many failed logins: try again in {wait} s"}, status=429)
+        response["Retry-After"] = str(wait)
+        return response

@@ -42,7 +42,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "batching_site.static.StaticFiles",  # WhiteNoise, async-capable
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -145,9 +145,14 @@ def _check(ok: bool, variable: str, value: object, rule: str) -> None:
 WEB_WORKERS = env.int("WEB_WORKERS", default=2)
 _check(WEB_WORKERS >= 1, "WEB_WORKERS", WEB_WORKERS, "at least 1")
 #: Requests one web worker serves at once (uvicorn's limit_concurrency); past it, 503.
-#: A waiting request is a coroutine; a sync view holds a thread for its duration.
+#: A request waiting on its answer (`?wait=`) is a coroutine on the worker's event loop.
 WEB_CONNECTIONS = env.int("WEB_CONNECTIONS", default=1000)
 _check(WEB_CONNECTIONS >= 1, "WEB_CONNECTIONS", WEB_CONNECTIONS, "at least 1")
+#: Threads per web worker for the sync parts of requests (middleware, lookups, sync
+#: views): most of that time is spent waiting on Redis or the database, so threads are
+#: cheaper than more worker processes (batching_site/asgi.py).
+WEB_THREADS = env.int("WEB_THREADS", default=8)
+_check(WEB_THREADS >= 1, "WEB_THREADS", WEB_THREADS, "at least 1")
 
 # --- Web: HTTPS, request limits, dashboard ---------------------------------------------
 # Production: DJANGO_DEBUG unset, DJANGO_SECRET_KEY set (the same in every web process),
