@@ -10,8 +10,7 @@ successful login clears its username's count. Written here, not with django-axes
 because the counters belong in the Redis every web process already shares, next to the
 quotas, with no database writes per attempt.
 
-The client's address is the front door's `X-Forwarded-For` (Caddy sets it and ignores
-one a client sent) when the request came through it, else REMOTE_ADDR.
+The client's address is dynamic_batching.web.access.client_address.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from django.urls import reverse
 
 from dynamic_batching.protocol.names import LOGIN_FAILURES_PREFIX
 from dynamic_batching.store import connection
+from dynamic_batching.web.access import client_address
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 PER_ADDRESS = 20
 PER_USERNAME = 5
 WINDOW_S = 300
-
-
-def client_address(request: HttpRequest) -> str:
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-    if forwarded:
-        return forwarded.split(",")[-1].strip()
-    return str(request.META.get("REMOTE_ADDR", ""))
 
 
 def _keys(request: HttpRequest, username: str | None) -> list[tuple[str, int]]:

@@ -25,6 +25,18 @@ FLOWER_PREFIX = "flower"
 CADDYFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deploy", "Caddyfile")
 
 
+#: How often expired sessions are deleted (sessions_command).
+CLEAR_SESSIONS_EVERY_S = 3600
+
+
+def sessions_command(every_s: int = CLEAR_SESSIONS_EVERY_S) -> list[str]:
+    """Django's `clearsessions` every `every_s` seconds: with the open demo on, every
+    visitor without a cookie leaves a session row behind, and nothing else deletes
+    expired ones (issue 42, finding 11)."""
+    python = shlex.quote(sys.executable)
+    return ["/bin/sh", "-c", f"while :; do {python} manage.py clearsessions; sleep {int(every_s)}; done"]
+
+
 def flower_command(*, port: int = 5555, behind_proxy: bool = False) -> list[str]:
     """Flower on loopback. `behind_proxy`: under /flower/, where the front door lets only
     staff in and refuses its control API."""
@@ -193,7 +205,8 @@ def programs(
 ) -> dict[str, list[str]]:
     """Every process of one system, by supervised program name, in start order: Redis
     (when `redis` gives its port and data folder: it then keeps an append-only file),
-    the web process, two collectors (active and standby), one worker per device, Flower,
+    the web process and its expired-session sweeper, two collectors (active and
+    standby), one worker per device, Flower,
     and, when `proxy` says where, the TLS front door (Caddy) before web and Flower.
     `make run` and the test harness both run exactly this set."""
     if proxy is not None and web_port is None:
@@ -205,6 +218,7 @@ def programs(
         )
     if web_port is not None:
         out["web"] = web_command(port=web_port)
+        out["sessions"] = sessions_command()
     # Two collectors: one active, one standing by to take over within COLLECTOR_LEASE_S.
     active, standby = COLLECTORS
     out[active] = collector_command()

@@ -62,6 +62,7 @@ def command(argv: Sequence[str]) -> list[str]:
         default="127.0.0.1,::1",
         help="addresses whose X-Forwarded-* gunicorn trusts: the front door's ('*' only where nothing else reaches web)",
     )
+    roles.add_parser("sessions", help="delete expired sessions every hour (Django's clearsessions)")
     roles.add_parser("collector", help="the batch collector (one active per system; more stand by)")
     device = roles.add_parser("device", help="a device worker for one GPU (or simulated CPU device)")
     device.add_argument("device", help="cuda:0, cuda:1, ... (or cpu:0 for a simulated device)")
@@ -87,6 +88,8 @@ def command(argv: Sequence[str]) -> list[str]:
         ]
     if args.role == "web":
         return processes.web_command(bind=args.bind, forwarded_allow_ips=args.forwarded_allow_ips)
+    if args.role == "sessions":
+        return processes.sessions_command()
     if args.role == "collector":
         return processes.collector_command()
     if args.role == "device":

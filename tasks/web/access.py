@@ -5,15 +5,17 @@ tests/live/test_authorization.py walks it.
 - A logged-in user (by session or API token) owns what they submit: "user:<pk>". Only
   they and staff read it. Their quota is theirs (ClientQuota in the admin, else
   DEFAULT_QUOTA).
-- Visitors who are not logged in may submit only when BATCHING_OPEN_DEMO is on. They
-  all spend one shared quota (ANONYMOUS_QUOTA), as owner "anon", and each reads only
-  the requests its own browser session submitted.
+- Visitors who are not logged in may submit only when BATCHING_OPEN_DEMO is on. Each
+  client address spends a quota of its own (ANONYMOUS_QUOTA), as owner "anon:<a hash
+  of the address>", so one visitor cannot use up the demo for everyone; each reads
+  only the requests its own browser session submitted.
 - A request nobody may read is answered 404, exactly like an id that never existed, so
   nobody learns which ids are real.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,8 +28,8 @@ from dynamic_batching.core.quota import Quota, RefusalMemory
 from dynamic_batching.edge.client import submit_many
 from dynamic_batching.store import owners, shared_state
 
-#: The owner of every anonymous demo request.
-ANONYMOUS = "anon"
+#: How the owner of every anonymous demo request begins; the rest is its address's hash.
+ANONYMOUS = "anon:"
 #: Most request ids an anonymous session remembers as its own.
 SESSION_IDS_KEPT = 200
 _SESSION_KEY = "batching_request_ids"
@@ -37,17 +39,31 @@ def owner_name(user: Any) -> str:
     return f"user:{user.pk}"
 
 
+def client_address(request: HttpRequest) -> str:
+    """The caller's address: the front door's `X-Forwarded-For` (Caddy sets it and
+    ignores one a client sent) when the request came through it, else REMOTE_ADDR."""
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if forwarded:
+        return forwarded.split(",")[-1].strip()
+    return str(request.META.get("REMOTE_ADDR", ""))
+
+
+def anonymous_owner(request: HttpRequest) -> str:
+    """A demo visitor's owner: per client address, hashed, so no address is stored."""
+    return ANONYMOUS + hashlib.sha256(client_address(request).encode()).hexdigest()[:16]
+
+
 def may_submit(user: Any) -> bool:
     return bool(user and user.is_authenticated and user.is_active) or conf.OPEN_DEMO
 
 
-def spender(user: Any) -> tuple[str, Quota]:
+def spender(request: HttpRequest, user: Any) -> tuple[str, Quota]:
     """(owner, quota) for a caller who may submit."""
     if user and user.is_authenticated:
         from dynamic_batching.models import ClientQuota
 
         return owner_name(user), ClientQuota.objects.quota_for(user)
-    return ANONYMOUS, Quota.from_mapping(conf.ANONYMOUS_QUOTA)
+    return anonymous_owner(request), Quota.from_mapping(conf.ANONYMOUS_QUOTA)
 
 
 def remember(request: HttpRequest, user: Any, task_ids: Sequence[str]) -> None:
@@ -73,7 +89,7 @@ def readable(request: HttpRequest, user: Any, task_ids: Iterable[str]) -> set[st
         return set()
     mine = set(request.session.get(_SESSION_KEY, []))
     candidates = [t for t in ids if t in mine]
-    return {t for t, o in owners.owners_of(shared_state.client(), candidates).items() if o == ANONYMOUS}
+    return {t for t, o in owners.owners_of(shared_state.client(), candidates).items() if o and o.startswith(ANONYMOUS)}
 
 
 def bearer_token(request: HttpRequest) -> str | None:
@@ -107,7 +123,7 @@ def submit_inputs(
     new ids in order, or raises what tasks/web/errors.py maps to HTTP."""
     if not may_submit(user):
         raise NotLoggedIn(f"log in to submit: {resolve_url(settings.LOGIN_URL)} (or send an API token)")
-    owner, quota = spender(user)
+    owner, quota = spender(request, user)
     results = submit_many(
         inputs,  # type: ignore[arg-type]
         priority=priority,  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def index(request: HttpRequest) -> HttpResponse:
             }
         )
     # Only the tiers this caller's quota lets it ask for (a higher one is refused, 403).
-    _, quota = access.spender(request.user)
+    _, quota = access.spender(request, request.user)
     priorities = [p for p in PRIORITIES if quota.allows(p)]
     default = "normal" if "normal" in priorities else priorities[0]
     return render(
