@@ -115,11 +115,11 @@ KEYS: dict[str, Key] = {
     #: The test model `synthetic` and its directives: tests and benchmarks only.
     "TEST_MODELS": Key(False, _bool),
     # --- Who may submit, and how much ------------------------------------------------------
-    #: Visitors who are not logged in may submit, sharing ANONYMOUS_QUOTA.
+    #: Visitors who are not logged in may submit, ANONYMOUS_QUOTA per client address.
     "OPEN_DEMO": Key(False, _bool),
     #: A logged-in user's quota unless the admin sets one: "rate_per_s=50,burst=200,...".
     "DEFAULT_QUOTA": Key({}, _pairs),
-    #: What all anonymous demo visitors share, together.
+    #: What anonymous demo visitors from one client address share (each address its own).
     "ANONYMOUS_QUOTA": Key(
         {"rate_per_s": 2.0, "burst": 10, "max_in_flight": 20, "tier_share": 0.05, "max_priority": "low"}, _pairs
     ),
