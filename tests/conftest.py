@@ -18,6 +18,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _forget_refusals() -> Iterator[None]:
+    """Each test's callers start unrefused: the web's memory of who was just refused
+    (tasks/web/access.py) is per process, and owner names ("user:<pk>") come back in
+    every test's database."""
+    yield
+    from dynamic_batching.web import access
+
+    access.refusals.clear()
+
+
 @pytest.fixture(scope="session")
 def live_system() -> Iterator[object]:
     """Redis, the collector and two simulated CPU devices, with both models loaded."""

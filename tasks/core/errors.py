@@ -33,6 +33,7 @@ class QuotaExceeded(Overloaded):
         "rate": "you are sending faster than your rate limit",
         "in_flight": "you have as many requests waiting for answers as your quota allows",
         "share": "you hold your share of the {tier} tier's queue",
+        "stats": "you are reading the dashboard's numbers faster than its rate limit (2 a second, 10 at once)",
     }
 
     def __init__(self, owner: str, limit: str, tier: str, retry_after: float) -> None:

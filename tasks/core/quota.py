@@ -98,6 +98,10 @@ class RefusalMemory:
             while len(self._until) > self._size:
                 self._until.pop(next(iter(self._until)))
 
+    def clear(self) -> None:
+        with self._lock:
+            self._until.clear()
+
     def recall(self, key: str) -> tuple[Any, float] | None:
         """(what was remembered, seconds left), or None once the window has passed."""
         with self._lock:

@@ -1,7 +1,7 @@
 """Metrics: counted where they happen (record.py), aggregated in Redis, read back as one
 Snapshot (snapshot.py) by /metrics and /dashboard/."""
 
-from .record import CollectorMetrics, record_batch, record_isolated, record_rejected
+from .record import CollectorMetrics, record_batch, record_invalid, record_isolated, record_rejected
 from .schema import REQUEST_KINDS, SERIES_LEN
 from .snapshot import Snapshot, read, refused_by_owner, reset
 
@@ -13,6 +13,7 @@ __all__ = [
     "read",
     "record_batch",
     "record_isolated",
+    "record_invalid",
     "record_rejected",
     "refused_by_owner",
     "reset",

@@ -85,6 +85,17 @@ def _add_histogram(pipe: Any, name: str, h: Histogram) -> None:
 
 
 @_never_raises
+def record_invalid(count: int = 1, r: redis.Redis | None = None, *, owner: str = "") -> None:
+    """Inputs refused as invalid after the edge read them (422), charged to their owner's
+    rate (tasks/web/access.py::charge_refused)."""
+    pipe = _client(r).pipeline(transaction=False)
+    pipe.hincrby(METRICS_COUNTERS_KEY, "invalid", count)
+    if owner:
+        pipe.hincrby(METRICS_REFUSED_BY_OWNER_KEY, owner, count)
+    pipe.execute()
+
+
+@_never_raises
 def record_rejected(
     priority: str, count: int = 1, r: redis.Redis | None = None, *, reason: str = "tier", owner: str = ""
 ) -> None:

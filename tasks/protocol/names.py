@@ -140,6 +140,11 @@ def rate_key(owner: str) -> str:
     return f"{PREFIX}rate:{owner}"
 
 
+def stats_rate_key(owner: str) -> str:
+    """Hash {tokens, at}: a client's bucket for reading the dashboard's numbers."""
+    return f"{PREFIX}stats-rate:{owner}"
+
+
 #: Hash: counters of first answers and of refused second answers.
 ANSWERS_KEY = PREFIX + "answers"
 

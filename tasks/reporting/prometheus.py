@@ -110,6 +110,11 @@ class SnapshotCollector(Collector):
         for limit in QUOTA_LIMITS:
             quota.add_metric([limit], c.get(f"quota:{limit}", 0))
         yield quota
+        yield CounterMetricFamily(
+            "batching_invalid_inputs",
+            "Inputs refused as invalid (422) after the edge read them; each is charged to its caller's rate.",
+            value=c.get("invalid", 0),
+        )
 
         run = HistogramMetricFamily(
             "batching_batch_run_seconds", "Model time per batch, per device.", labels=["device"]

@@ -204,6 +204,7 @@ def build(
         "series": chart_series(series, since=since),
         "recent": {"failed": snap.recent_failed, "slow": snap.recent_slow},
         "quota_refusals": {limit: snap.counters.get(f"quota:{limit}", 0) for limit in QUOTA_LIMITS},
+        "invalid_inputs": snap.counters.get("invalid", 0),
         "links": {"flower": flower_url, "metrics": "/metrics"},
     }
 

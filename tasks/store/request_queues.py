@@ -62,6 +62,7 @@ from .lease import LeaseLost
 _ADMIT_SCRIPT = Script(None, lua.source("admit"))
 _TAKE_SCRIPT = Script(None, lua.source("take"))
 _DISPATCH_SCRIPT = Script(None, lua.source("dispatch"))
+_CHARGE_SCRIPT = Script(None, lua.source("charge"))
 #: A tier's position among the held hashes that the dispatch script is given (1-based).
 _TIER_INDEX = {p: i + 1 for i, p in enumerate(PRIORITIES)}
 #: Unused placeholders for requests with no owner (a trusted in-process caller).
@@ -143,6 +144,16 @@ def admit(
     if isinstance(refused_by, bytes):
         refused_by = refused_by.decode()
     return Admission(bool(ok), int(depth), refused_by, int(retry_ms) / 1000.0)
+
+
+def charge(r: redis.Redis, bucket: str, quota: Quota, n: int, *, take: bool, now: float | None = None) -> float:
+    """Charge `n` tokens to the token bucket `bucket` (an owner's `rate_key`, or another
+    limit's) at `quota`'s rate and burst, outside admission. `take`: only if it holds
+    them (a rate limit on a call); else spend them whatever it holds, down to minus the
+    burst (work refused after it was done). Returns the seconds until it holds a token
+    again (`take`: until it holds `n`, and nothing was taken); 0.0 when it does now."""
+    args = [quota.rate_per_s, quota.burst, n, clock.now() if now is None else now, "take" if take else "spend"]
+    return int(_CHARGE_SCRIPT(keys=[bucket], args=args, client=r)) / 1000.0
 
 
 def take(

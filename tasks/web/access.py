@@ -19,14 +19,18 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import resolve_url
 
+from dynamic_batching import metrics
 from dynamic_batching.conf import conf
+from dynamic_batching.core.errors import QuotaExceeded
 from dynamic_batching.core.quota import Quota, RefusalMemory
 from dynamic_batching.edge.client import submit_many
-from dynamic_batching.store import owners, shared_state
+from dynamic_batching.protocol.names import rate_key, stats_rate_key
+from dynamic_batching.store import owners, request_queues, shared_state
 
 #: How the owner of every anonymous demo request begins; the rest is its address's hash.
 ANONYMOUS = "anon:"
@@ -98,8 +102,17 @@ def bearer_token(request: HttpRequest) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-#: Tokens just refused for their rate, and until when (tasks/core/quota.py).
-rate_refusals = RefusalMemory()
+#: Callers just refused by their quota's rate or in-flight limit, and until when
+#: (tasks/core/quota.py), by API token (checked before the token is even looked up,
+#: tasks/web/api.py) and by owner (checked before any input is read): within that
+#: window the same call would be refused again, so it is refused from memory.
+refusals = RefusalMemory()
+#: Limits whose refusals are remembered: waiting is what lifts them.
+REMEMBERED = ("rate", "in_flight")
+
+#: How often one caller may read the dashboard's numbers (GET /api/v1/stats, the
+#: dashboard's poll): each read gathers every metric, so it is rate-limited per owner.
+STATS_QUOTA = Quota(rate_per_s=2.0, burst=10)
 
 
 def may_read(request: HttpRequest, user: Any, task_id: str) -> bool:
@@ -124,18 +137,60 @@ def submit_inputs(
     if not may_submit(user):
         raise NotLoggedIn(f"log in to submit: {resolve_url(settings.LOGIN_URL)} (or send an API token)")
     owner, quota = spender(request, user)
-    results = submit_many(
-        inputs,  # type: ignore[arg-type]
-        priority=priority,  # type: ignore[arg-type]
-        model=model,
-        deadline_s=deadline_s,
-        owner=owner,
-        quota=quota,
-        reply=False,  # read later by id (GET /api/v1/requests/<id>): nobody waits here
-    )
+    recall_refusal(request, user)
+    try:
+        results = submit_many(
+            inputs,  # type: ignore[arg-type]
+            priority=priority,  # type: ignore[arg-type]
+            model=model,
+            deadline_s=deadline_s,
+            owner=owner,
+            quota=quota,
+            reply=False,  # read later by id (GET /api/v1/requests/<id>): nobody waits here
+        )
+    except (ValueError, TypeError):
+        charge_refused(owner, quota, len(inputs), str(priority))
+        raise
+    except QuotaExceeded as exc:
+        if exc.limit in REMEMBERED:
+            refusals.remember(owner, exc.retry_after, exc)
+        raise
     ids = [r.id for r in results]
     remember(request, user, ids)
     return ids
+
+
+def recall_refusal(request: HttpRequest, user: Any) -> None:
+    """Raise the QuotaExceeded this caller got a moment ago, while it still holds: before
+    its body is read (the API checks at authentication) or its inputs parsed."""
+    owner = owner_name(user) if user and user.is_authenticated else anonymous_owner(request)
+    hit = refusals.recall(owner)
+    if hit is not None:
+        refused, left = hit
+        raise QuotaExceeded(owner, refused.limit, refused.tier, left)
+
+
+def charge_refused(owner: str, quota: Quota, n: int, tier: str) -> None:
+    """Inputs refused as invalid after they were read, parsed and tokenized cost their
+    caller's rate as accepted ones do (issue 42, finding 3: refused work was free), and
+    are counted. A caller whose bucket this empties is refused from memory until it
+    refills."""
+    try:
+        wait = request_queues.charge(shared_state.client(), rate_key(owner), quota, n, take=False)
+    except redis.RedisError:
+        return  # the caller gets its 422 all the same
+    metrics.record_invalid(n, owner=owner)
+    if wait > 0:
+        refusals.remember(owner, wait, QuotaExceeded(owner, "rate", tier, wait))
+
+
+def charge_stats_read(user: Any) -> None:
+    """Raise QuotaExceeded (429) when `user` reads the dashboard's numbers faster than
+    STATS_QUOTA allows."""
+    owner = owner_name(user) if user and user.is_authenticated else ANONYMOUS
+    wait = request_queues.charge(shared_state.client(), stats_rate_key(owner), STATS_QUOTA, 1, take=True)
+    if wait > 0:
+        raise QuotaExceeded(owner, "stats", "", wait)
 
 
 class NotLoggedIn(Exception):

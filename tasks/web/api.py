@@ -63,11 +63,14 @@ class BearerToken(HttpBearer):
         # A token refused for its rate a moment ago is refused again at once: no token
         # lookup, no Redis (access.rate_refusals). Only submitting spends the rate.
         if request.method == "POST":
-            hit = access.rate_refusals.recall(token)
+            hit = access.refusals.recall(token)
             if hit is not None:
                 exc, left = hit
                 raise QuotaExceeded(exc.owner, exc.limit, exc.tier, left)
-        return ApiToken.objects.user_for(token)
+        user = ApiToken.objects.user_for(token)
+        if user is not None and request.method == "POST":
+            access.recall_refusal(request, user)
+        return user
 
 
 class SessionWithCsrf(APIKeyCookie):
@@ -84,6 +87,8 @@ class SessionWithCsrf(APIKeyCookie):
             return None
         if check_csrf(request) is not None:
             raise HttpError(403, "CSRF check failed: send the csrftoken cookie's value in the X-CSRFToken header")
+        if request.method == "POST":
+            access.recall_refusal(request, request.user)
         return request.user
 
 
@@ -204,8 +209,8 @@ def _submit(
         raise HttpError(answer.status, answer.detail) from exc
     except QuotaExceeded as exc:
         token = access.bearer_token(request)
-        if exc.limit == "rate" and token:
-            access.rate_refusals.remember(token, exc.retry_after, exc)
+        if exc.limit in access.REMEMBERED and token:
+            access.refusals.remember(token, exc.retry_after, exc)
         raise
     return Status(202, {"ids": ids, "status": "PENDING"})
 
@@ -353,7 +358,9 @@ def get_stats(
 ) -> dict[str, Any]:
     """Queue depths, p50/p99 wait per priority, throughput, batch fill, devices, SLO
     checks, recent failed and isolated requests (only your own, unless you are staff),
-    the chart series, and, for staff, each recent client's use of its quota."""
+    the chart series, and, for staff, each recent client's use of its quota. At most
+    2 reads a second (10 at once) per caller: past that, 429 with Retry-After."""
+    access.charge_stats_read(request.auth)
     body = stats.build(
         metrics.read(),
         slo=stats.Slo.from_settings(),

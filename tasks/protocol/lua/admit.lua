@@ -1,3 +1,4 @@
+-- uses: bucket
 -- The edge admits a tier's requests, or none of them (tasks/store/request_queues.py::admit).
 -- First the tier's cap, then, for requests with an owner, the owner's quota
 -- (tasks/core/quota.py): its share of this tier, its requests in flight, its rate.
@@ -46,17 +47,13 @@ if owner ~= '' then
     if total + n > tonumber(ARGV[8]) then
         return {0, total, 'in_flight', 1000}
     end
-    -- A token bucket: `burst` requests at once, refilled at `rate` a second.
     local rate, burst = tonumber(ARGV[6]), tonumber(ARGV[7])
-    local bucket = redis.call('HMGET', KEYS[6], 'tokens', 'at')
-    local tokens = tonumber(bucket[1]) or burst
-    local at = tonumber(bucket[2]) or now
-    if now > at then tokens = math.min(burst, tokens + (now - at) * rate) end
-    if tokens < n then
-        return {0, total, 'rate', math.ceil((n - tokens) / rate * 1000)}
+    local tokens = bucket_tokens(KEYS[6], rate, burst, now)
+    local wait = bucket_wait_ms(tokens, rate, n)
+    if wait > 0 then
+        return {0, total, 'rate', wait}
     end
-    redis.call('HSET', KEYS[6], 'tokens', tostring(tokens - n), 'at', tostring(now))
-    redis.call('EXPIRE', KEYS[6], math.ceil(burst / rate) + 1)
+    bucket_store(KEYS[6], tokens - n, rate, burst, now)
 end
 
 local k = 13

@@ -1,0 +1,130 @@
+"""A login flood against everybody else's submits (issue 42, finding 1).
+
+Every login runs PBKDF2 (a million iterations), so 1,000 wrong passwords from one
+client used to be both password guessing and a CPU flood of the web workers everybody's
+submits share. The system as `make run` starts it (web, collectors, two simulated
+devices, under supervisord), driven over HTTP:
+
+    quiet   user B alone: N sequential requests, each timed from POST to its answer
+    flood   the same N from B while client A posts --attempts wrong passwords to /login/
+            from several threads, each with the CSRF cookie and token a browser sends
+
+It reports B's p50/p99 in both phases and their ratio, and how A's attempts were
+answered (429 once past the limit, before any password is checked). Target: B's p99
+under the flood within 1.5x of its quiet p99, and the flood refused with 429.
+
+    .venv/bin/python bench/login_flood.py                 # about 1 minute
+    .venv/bin/python bench/login_flood.py --attempts 2000 --requests 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.cookiejar
+import json
+import multiprocessing
+import re
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batching_site.harness import LocalSystem  # noqa: E402
+from bench.quota_bench import SYNTHETIC_ENV, pct, timed_requests  # noqa: E402  (sets Django up)
+from dynamic_batching.store.connection import connect  # noqa: E402
+
+
+def _attempts(port: int, attempts: int, threads: int, counts: Any) -> None:
+    """A's flood: `attempts` wrong-password logins in all, from `threads` threads, each
+    with a session of its own (the CSRF cookie and the form's token, as a browser)."""
+    lock = threading.Lock()
+    left = [attempts]
+
+    def one_client() -> None:
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        page = opener.open(f"http://127.0.0.1:{port}/login/", timeout=30).read().decode()
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert token, "no CSRF token on the login page"
+        body = urllib.parse.urlencode(
+            {"username": "nobody-in-particular", "password": "wrong", "csrfmiddlewaretoken": token.group(1)}
+        ).encode()
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            try:
+                status = opener.open(f"http://127.0.0.1:{port}/login/", data=body, timeout=30).status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            with lock:
+                counts[str(status)] = counts.get(str(status), 0) + 1
+
+    workers = [threading.Thread(target=one_client) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int = 4) -> dict[str, Any]:
+    b = system.user_token(f"worker-{time.monotonic_ns()}")
+    port = system.web_port
+    assert port is not None
+    timed_requests(port, b, 20, "warm-up")
+    quiet, _, quiet_refused = timed_requests(port, b, requests, "quiet")
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Manager() as manager:
+        counts = manager.dict()
+        flooder = ctx.Process(target=_attempts, args=(port, attempts, threads, counts), daemon=True)
+        started = time.perf_counter()
+        flooder.start()
+        loaded: list[float] = []
+        loaded_refused: list[int] = []
+        # B keeps sending for as long as the flood lasts (at least N requests).
+        while flooder.is_alive() or len(loaded) < requests:
+            lat, _, refused = timed_requests(port, b, 20, "flood", progress=False)
+            loaded += lat
+            loaded_refused += refused
+        flood_s = time.perf_counter() - started
+        flooder.join()
+        a = dict(counts)
+    return {
+        "attempts": attempts,
+        "attempts_answered": a,
+        "flood_s": round(flood_s, 2),
+        "b_requests": [len(quiet), len(loaded)],
+        "b_refused": quiet_refused + loaded_refused,
+        "b_quiet_p50_ms": round(statistics.median(quiet) * 1000, 2),
+        "b_quiet_p99_ms": round(pct(quiet, 0.99), 2),
+        "b_flood_p50_ms": round(statistics.median(loaded) * 1000, 2),
+        "b_flood_p99_ms": round(pct(loaded, 0.99), 2),
+        "p99_ratio": round(pct(loaded, 0.99) / pct(quiet, 0.99), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=300, help="B's requests in the quiet phase")
+    parser.add_argument("--attempts", type=int, default=1000, help="A's wrong passwords")
+    args = parser.parse_args()
+    with LocalSystem(preload="synthetic", web=True, env=SYNTHETIC_ENV) as system:
+        connect(system.redis_url)
+        result = measure(system, requests=args.requests, attempts=args.attempts)
+    print(json.dumps(result, indent=2))
+    ok = result["p99_ratio"] <= 1.5 and result["attempts_answered"].get("429", 0) > 0
+    print(
+        f"B's p99 {result['p99_ratio']:.2f}x its quiet p99 under the flood (target 1.5x): {'met' if ok else 'missed'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
