@@ -51,3 +51,20 @@ def test_one_address_is_refused_past_its_limit_whatever_username_it_tries(bare_r
     )
     other = Client(REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="192.0.2.50")
     assert other.post("/login/", {"username": "someone", "password": PASSWORD}).status_code == 302
+
+
+def test_concurrent_guesses_get_exactly_the_limits_password_checks(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # Attempts are counted before their password is checked, in one atomic step: 40
+    # guesses at once for one username let exactly PER_USERNAME through. Counting the
+    # failures after the check let 8 of a 4-thread flood through (bench/login_flood.py).
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.test import RequestFactory
+
+    def attempt(i: int) -> int | None:
+        request = RequestFactory().post("/login/", REMOTE_ADDR=f"192.0.2.{i}")
+        return logins.refused_for(request, "many-guessers")
+
+    with ThreadPoolExecutor(8) as pool:
+        waits = list(pool.map(attempt, range(40)))
+    assert waits.count(None) == logins.PER_USERNAME
