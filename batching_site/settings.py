@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import environ
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.management.utils import get_random_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -42,6 +43,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     "batching_site.static.StaticFiles",  # WhiteNoise, async-capable
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -180,6 +183,24 @@ CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 WHITENOISE_USE_FINDERS = True
 # ...and so STATIC_ROOT may well not exist; WhiteNoise would warn in every process.
 warnings.filterwarnings("ignore", message="No directory at")
+
+#: Content-Security-Policy (django-csp): scripts only from this site, and a page's own
+#: inline script only with the nonce made for that response, so an injected script
+#: does not run (issue 42, finding 10). Styles may be inline (the charts colour their
+#: lines with style attributes, and Swagger UI sets styles as it renders).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 #: Largest request body Django reads, in bytes; a bigger API call gets 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1_048_576)
