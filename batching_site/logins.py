@@ -25,6 +25,7 @@ from django.contrib.auth.signals import user_logged_in
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 
+from dynamic_batching.core.quota import RefusalMemory
 from dynamic_batching.protocol.names import LOGIN_FAILURES_PREFIX
 from dynamic_batching.store import connection
 from dynamic_batching.web.access import client_address
@@ -53,6 +54,12 @@ def refused_for(request: HttpRequest, username: str | None) -> int | None:
     guesses slip past (8 of a flood from 4 threads got a password check, not 5)."""
     # The probe client: with Redis away, a login must not wait out the shared client's
     # retries (about 20 s); it goes on unthrottled.
+    over = _count(request, username)
+    return max(over.values()) if over else None
+
+
+def _count(request: HttpRequest, username: str | None) -> dict[str, int]:
+    """Count the attempt; each of its keys now past its limit, with its seconds left."""
     pipe = connection.probe().pipeline(transaction=True)
     keys = _keys(request, username)
     for key, _ in keys:
@@ -60,12 +67,16 @@ def refused_for(request: HttpRequest, username: str | None) -> int | None:
         pipe.expire(key, WINDOW_S, nx=True)
         pipe.ttl(key)
     replies = pipe.execute()
-    waits = [
-        max(1, int(ttl))
-        for (_, limit), count, ttl in zip(keys, replies[0::3], replies[2::3], strict=True)
+    return {
+        key: max(1, int(ttl))
+        for (key, limit), count, ttl in zip(keys, replies[0::3], replies[2::3], strict=True)
         if int(count) > limit
-    ]
-    return max(waits) if waits else None
+    }
+
+
+#: Addresses and usernames past their limit, and until when, in this process: a flood
+#: is then refused before its body is read or Redis asked.
+_locked = RefusalMemory()
 
 
 def _succeeded(sender: Any, request: HttpRequest | None = None, user: Any = None, **_: Any) -> None:
@@ -117,12 +128,23 @@ class LoginThrottle:
             self._paths = {reverse("login"), reverse("admin:login")}
         if request.path not in self._paths:
             return None
-        try:
-            wait = refused_for(request, request.POST.get("username"))
-        except Exception:  # noqa: BLE001 - Redis away: the login itself still works
-            wait = None
-        if wait is None:
-            return None
+        address = _keys(request, None)[0][0]
+        hit = _locked.recall(address)
+        if hit is None:
+            username = request.POST.get("username")
+            hit = _locked.recall(_keys(request, username)[-1][0]) if username else None
+        if hit is not None:
+            wait = max(1, int(hit[1]))
+        else:
+            try:
+                over = _count(request, username)
+            except Exception:  # noqa: BLE001 - Redis away: the login itself still works
+                over = {}
+            for key, seconds in over.items():
+                _locked.remember(key, seconds, True)
+            if not over:
+                return None
+            wait = max(over.values())
         response = JsonResponse({"detail": f"too many failed logins: try again in {wait} s"}, status=429)
         response["Retry-After"] = str(wait)
         return response

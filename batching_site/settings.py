@@ -43,6 +43,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Failed logins limited per address and per username, before the password is
+    # checked, and first: a flood of refused logins costs as little as it can.
+    "batching_site.logins.LoginThrottle",
     # Content-Security-Policy on every response (CONTENT_SECURITY_POLICY below).
     "csp.middleware.CSPMiddleware",
     "batching_site.static.StaticFiles",  # WhiteNoise, async-capable
@@ -50,8 +53,6 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Failed logins limited per address and per username, before the password is checked.
-    "batching_site.logins.LoginThrottle",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]

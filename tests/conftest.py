@@ -21,12 +21,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(autouse=True)
 def _forget_refusals() -> Iterator[None]:
     """Each test's callers start unrefused: the web's memory of who was just refused
-    (tasks/web/access.py) is per process, and owner names ("user:<pk>") come back in
-    every test's database."""
+    (tasks/web/access.py, batching_site/logins.py) is per process, and owner names
+    ("user:<pk>") come back in every test's database."""
     yield
+    from batching_site import logins
     from dynamic_batching.web import access
 
     access.refusals.clear()
+    logins._locked.clear()
 
 
 @pytest.fixture(scope="session")
