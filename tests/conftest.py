@@ -31,6 +31,25 @@ def _forget_refusals() -> Iterator[None]:
     logins._locked.clear()
 
 
+@pytest.fixture
+def unreachable_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process pointed at a Redis address where nothing listens, for a test of
+    what callers see with the broker down. The clients made for it give up after about
+    a second instead of retrying for RETRY_FOR_S (20 s, long enough for a restart),
+    which is the behaviour under test, only sooner: the two tests that used it waited
+    out the full retries, 75 s and 56 s."""
+    from batching_site.harness import free_port
+    from dynamic_batching.store import connection
+
+    monkeypatch.setattr(connection, "RETRY_FOR_S", 1.0)
+    previous = conf.REDIS_URL
+    connect(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        yield
+    finally:
+        connect(previous)
+
+
 @pytest.fixture(scope="session")
 def live_system() -> Iterator[object]:
     """Redis, the collector and two simulated CPU devices, with both models loaded."""
