@@ -1,3 +1,4 @@
+-- uses: states
 -- A request's one final outcome (tasks/store/outcomes.py). The ledger entry goes in either
 -- case: the request has its one answer.
 -- KEYS: result key, answers counters, ledger, ledger payloads, ledger attempts, owner key,
@@ -19,10 +20,6 @@ if record then
 end
 -- A final answer replaces only nothing, or the STARTED state its device stored when its
 -- batch began (task_track_started; tasks/store/outcomes.py::started).
-local function is_started(raw)
-    local ok, meta = pcall(cjson.decode, raw)
-    return ok and type(meta) == 'table' and meta['status'] == 'STARTED'
-end
 local stored = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 if not stored then
     local current = redis.call('GET', KEYS[1])

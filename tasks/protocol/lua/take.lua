@@ -1,3 +1,4 @@
+-- uses: states
 -- The active collector takes up to its window per tier into the held hashes, and drains
 -- the device events, in one call (tasks/store/request_queues.py::take); nothing at all
 -- (false) unless it still holds the lease.
@@ -14,10 +15,6 @@ end
 redis.call('DEL', KEYS[7])
 -- STARTED (task_track_started) is no answer: a request its device began may be queued
 -- again (the ledger sweep), and must be taken.
-local function is_started(raw)
-    local ok, meta = pcall(cjson.decode, raw)
-    return ok and type(meta) == 'table' and meta['status'] == 'STARTED'
-end
 local out = {}
 local dropped = {}
 for t = 1, 3 do
