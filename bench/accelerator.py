@@ -24,6 +24,13 @@ For each load it prints, per the devices' own record:
 
 `--ahead N ...` repeats each load with BATCHING_COLLECTOR_BATCHES_AHEAD = N (batches
 sent to a device beyond the one it runs), a system started afresh for each value.
+
+Then, in the same run and on the same emulated model, the two systems we compare
+against (bench/baselines/), each a prefork worker of 2 processes, so 2 emulated devices
+as ours has: plain Celery (one request per task, `embed.delay(text).get()`) and
+celery-batches (flush_every 64, flush_interval 10 ms). Their duty cycle: plain Celery's
+is exact (each task is a batch of one, whose cost the spec gives); celery-batches'
+batches are not recorded, so it shows as n/a. `--no-baselines` leaves them out.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=1500, help="texts measured per load (after 100 to warm up)")
     ap.add_argument("--overhead-ms", type=float, default=10.0)
     ap.add_argument("--per-token-us", type=float, default=100.0)
+    ap.add_argument("--no-baselines", dest="baselines", action="store_false")
     args = ap.parse_args()
 
     os.environ["BATCHING_MODELS"] = models_env(args.overhead_ms, args.per_token_us)
@@ -176,6 +184,8 @@ def main() -> None:
                         "wall": wall,
                     }
                 )
+            if args.baselines and ahead == args.ahead[-1]:
+                rows += baselines(args, system.redis_url, spec, policy, texts)
     print(
         f"\nemulated accelerator: {args.overhead_ms} ms a batch + {args.per_token_us} us a padded token, "
         f"2 devices, make run's process set, {os.cpu_count()} CPUs\n"
@@ -188,8 +198,53 @@ def main() -> None:
         print(
             f"| {r['ahead']} | {r['callers']} | {r['duty']:.2f} | {r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | "
             f"{r['batch']:.1f} | {r['rate']:.0f} | {r['rate'] / r['ceiling']:.2f}x of {r['ceiling']:.0f} | "
-            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |".replace("nan", "n/a")
         )
+
+
+def baselines(args: Any, redis_url: str, spec: Any, policy: Any, texts: list[str]) -> list[dict[str, Any]]:
+    """Plain Celery and celery-batches on the same emulated model, same callers."""
+    from tqdm import tqdm
+
+    from bench.baselines import batches_app, plain_celery
+    from bench.baselines.common import MODEL_ENV, Worker
+    from bench.workload import closed_loop
+
+    base = redis_url.rsplit("/", 1)[0]
+    env = {"BATCHING_MODELS": os.environ["BATCHING_MODELS"], MODEL_ENV: MODEL, "BENCH_PRELOAD_MINILM": "1"}
+    logs = Path(tempfile.mkdtemp(prefix="accelerator-baselines-"))
+    systems = [
+        ("plain Celery", "bench.baselines.plain_celery", plain_celery.app, f"{base}/1", [],
+         lambda text: plain_celery.embed.delay(text).get(timeout=120)),
+        ("celery-batches 64/10ms", "bench.baselines.batches_app", batches_app.app, f"{base}/2",
+         ["--prefetch-multiplier", "0"], lambda text: batches_app.task_for(64, 0.01).delay(text).get(timeout=120)),
+    ]  # fmt: skip
+    rows = []
+    for name, module, app, url, extra, call in systems:
+        args_ = ["-P", "prefork", "-c", "2", *extra, "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        with Worker(module, app, url, args=args_, env=env, log_path=logs / f"{module}.log"):
+            closed_loop("warm-up", call, texts[:100], 16)
+            for callers in args.callers:
+                measured = texts[100 : 100 + (args.texts if callers > 1 else min(args.texts, 300))]
+                with tqdm(total=len(measured), desc=f"{name}, {callers} callers", unit="text") as bar:
+                    loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
+                one_each = sum(spec.overhead_s + spec.count_tokens(t) * spec.per_token_s for t in measured)
+                rows.append(
+                    {
+                        "ahead": name,
+                        "callers": callers,
+                        "rate": loop.requests / loop.wall_s,
+                        "ceiling": ceiling_per_s(measured, spec, policy, 2),
+                        "duty": one_each / (2 * loop.wall_s) if module.endswith("plain_celery") else float("nan"),
+                        "gap_p50_ms": float("nan"),
+                        "gap_p99_ms": float("nan"),
+                        "batch": 1.0 if module.endswith("plain_celery") else float("nan"),
+                        "p50_ms": statistics.median(loop.latencies_s) * 1000,
+                        "p99_ms": pct(loop.latencies_s, 0.99) * 1000,
+                        "wall": loop.wall_s,
+                    }
+                )
+    return rows
 
 
 if __name__ == "__main__":

@@ -41,15 +41,21 @@ def make_app(name: str) -> Celery:
     return app
 
 
+#: The model the baselines run, by its name in BATCHING_MODELS: MiniLM unless the bench
+#: says otherwise (bench/accelerator.py runs them on the emulated accelerator).
+MODEL_ENV = "BENCH_MODEL"
+
+
 def model() -> Any:
-    """This worker process's MiniLM runner; loaded when the process starts (below), or
-    on first use in a process that is not a pool child."""
+    """This worker process's model runner (MiniLM unless BENCH_MODEL names another);
+    loaded when the process starts (below), or on first use in a process that is not a
+    pool child."""
     global _model
     if _model is None:
         from dynamic_batching.gpu_workers.models import get_spec
 
         # TORCH_THREADS in the worker's environment sets the threads per process.
-        _model = get_spec("minilm").load("cpu")
+        _model = get_spec(os.environ.get(MODEL_ENV, "minilm")).load("cpu")
     return _model
 
 
