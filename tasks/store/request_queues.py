@@ -293,7 +293,10 @@ def purged(r: redis.Redis) -> list[tuple[str, str]]:
     """The (priority, id) of requests someone else removed from their queue (`celery
     purge` deletes the list), struck off the queued sets. Each push and take writes a
     tier's queued set in the same script, so a set larger than its queue is the sign;
-    only then are the set and the queue read, together."""
+    only then are the set, the queue and the held hash read, together. An id found held
+    was taken by a take that did not strike it off (a collector from before the queued
+    sets, during an upgrade: upgrade collectors before edges): it is struck off, never
+    reported."""
     pipe = r.pipeline(transaction=True)
     for p in PRIORITIES:
         pipe.scard(queued_key(p)).llen(request_queue_name(p))
@@ -303,15 +306,17 @@ def purged(r: redis.Redis) -> list[tuple[str, str]]:
         return []
     pipe = r.pipeline(transaction=True)
     for p in tiers:
-        pipe.smembers(queued_key(p)).lrange(request_queue_name(p), 0, -1)
+        pipe.smembers(queued_key(p)).lrange(request_queue_name(p), 0, -1).hkeys(held_key(p))
     rows = pipe.execute()
     out = []
     for i, p in enumerate(tiers):
-        waiting = {wire.task_id_of(raw) for raw in rows[2 * i + 1]}
-        gone = sorted(m.decode() for m in rows[2 * i] if m.decode() not in waiting)
+        members, queued, held = rows[3 * i : 3 * i + 3]
+        waiting = {wire.task_id_of(raw) for raw in queued}
+        gone = sorted(m.decode() for m in members if m.decode() not in waiting)
         if gone:
             r.srem(queued_key(p), *gone)
-            out += [(p, task_id) for task_id in gone]
+            taken = {h.decode() for h in held}
+            out += [(p, task_id) for task_id in gone if task_id not in taken]
     return out
 
 

@@ -433,7 +433,7 @@ def test_finding_2_a_new_collector_adopts_what_was_held_before_it_sweeps_the_led
     # its attempts counted, so each failover ran held requests twice.
     import signal
 
-    from dynamic_batching.protocol.names import held_key
+    from dynamic_batching.protocol.names import held_key, queued_key
 
     r = shared_state.client()
     active = active_collector(chaos_system)
@@ -443,10 +443,12 @@ def test_finding_2_a_new_collector_adopts_what_was_held_before_it_sweeps_the_led
         text = "held by a collector that was killed, long ago"
         result = submit(text, model="synthetic")
         queue = request_queue_name("normal")
-        # What the stopped collector's take would have done: queue -> its held hash.
+        # What the stopped collector's take would have done: queue -> its held hash,
+        # struck off the queued set (tasks/protocol/lua/take.lua).
         raw = r.rpop(queue)
         assert raw is not None and wire.task_id_of(raw) == result.id
         r.hset(held_key("normal"), result.id, raw)
+        r.srem(queued_key("normal"), result.id)
         r.zadd(ledger.LEDGER_KEY, {result.id: time.time() - 3600}, xx=True)
     finally:
         chaos_system.kill(active, signal.SIGKILL)

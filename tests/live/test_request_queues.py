@@ -24,6 +24,8 @@ from dynamic_batching.protocol.names import (
     COLLECTOR_LEASE_KEY,
     EVENTS_QUEUE,
     REQUEST_TASK,
+    held_key,
+    queued_key,
     request_queue_name,
 )
 from dynamic_batching.store import ledger, owners, request_queues, shared_state
@@ -183,6 +185,14 @@ def test_only_a_request_someone_else_removed_from_its_queue_reads_as_purged(r: A
     request_queues.admit(r, "high", 10, high)
     assert sorted(request_queues.purged(r)) == sorted(("normal", t) for t, _ in queued[1:])
     assert request_queues.purged(r) == [], "each purged request is reported once"
+    # A take that did not strike its ids off (a collector from before the queued sets,
+    # mid-upgrade) leaves them in the set: held, they are never taken for purged.
+    late = messages("normal", 1)
+    request_queues.admit(r, "normal", 10, late)
+    raw = r.rpop(request_queue_name("normal"))
+    r.hset(held_key("normal"), late[0][0], raw)
+    assert request_queues.purged(r) == []
+    assert not r.sismember(queued_key("normal"), late[0][0])
 
 
 def test_take_drains_events_oldest_first(r: Any, token: str) -> None:
