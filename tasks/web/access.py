@@ -26,7 +26,7 @@ from django.shortcuts import resolve_url
 
 from dynamic_batching import metrics
 from dynamic_batching.conf import conf
-from dynamic_batching.core.errors import QuotaExceeded
+from dynamic_batching.core.errors import BurstExceeded, QuotaExceeded
 from dynamic_batching.core.quota import Quota, RefusalMemory
 from dynamic_batching.edge.client import submit_many
 from dynamic_batching.protocol.names import rate_key, stats_rate_key
@@ -148,6 +148,8 @@ def submit_inputs(
             quota=quota,
             reply=False,  # read later by id (GET /api/v1/requests/<id>): nobody waits here
         )
+    except BurstExceeded:
+        raise  # refused before any input was read: nothing to charge
     except (ValueError, TypeError):
         charge_refused(owner, quota, len(inputs), str(priority))
         raise

@@ -42,6 +42,13 @@ def test_invalid_inputs_cost_their_callers_rate_and_are_counted(bare_redis, djan
     assert "rate limit" in late.json()["detail"]
 
 
+def test_a_call_over_the_burst_costs_nothing_it_was_refused_unread(bare_redis, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    client = caller(django_user_model, "too-many-at-once", rate_per_s=0.5, burst=5)
+    over = post(client, {"texts": [f"text {i}" for i in range(6)], "model": "synthetic"})
+    assert over.status_code == 422 and "burst" in over.json()["detail"]
+    assert post(client, {"text": "within the burst", "model": "synthetic"}).status_code == 202
+
+
 def test_a_refusal_for_requests_in_flight_is_answered_again_from_memory(
     bare_redis, django_user_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
