@@ -60,8 +60,8 @@ MAX_TEXTS = 256
 
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        # A token refused for its rate a moment ago is refused again at once: no token
-        # lookup, no Redis (access.rate_refusals). Only submitting spends the rate.
+        # A token refused for its rate or its requests in flight a moment ago is refused
+        # again at once: no token lookup, no Redis, no body read (access.refusals).
         if request.method == "POST":
             hit = access.refusals.recall(token)
             if hit is not None:
