@@ -2,7 +2,11 @@
 uvicorn's, serving batching_site/asgi.py. Apart from the ASGI application so that
 gunicorn's master, which imports the class, does not set up Django."""
 
+import signal
+
 from uvicorn_worker import UvicornWorker
+
+from dynamic_batching.core.lifetime import die_with_parent
 
 
 class Worker(UvicornWorker):
@@ -13,3 +17,12 @@ class Worker(UvicornWorker):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.config.limit_concurrency = self.cfg.worker_connections
+
+    def init_process(self) -> None:
+        # A worker outlives a master killed with SIGKILL (uvicorn's loop never looks at
+        # its parent, as gthread's does), and keeps the port: every master started
+        # after it failed to bind and exited. So each worker asks the kernel for SIGTERM
+        # when its master dies, and stops as uvicorn stops: no new connections, the
+        # requests in progress finished.
+        die_with_parent(signal.SIGTERM)
+        super().init_process()

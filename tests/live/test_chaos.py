@@ -227,8 +227,18 @@ def test_standby_collector_takes_over_from_a_killed_active_one(chaos_system: Loc
 
 
 def test_web_process_killed_comes_back_and_loses_nothing(chaos_system: LocalSystem) -> None:
+    master = chaos_system.pid("web")
+    with open(f"/proc/{master}/task/{master}/children") as f:
+        workers = [int(p) for p in f.read().split()]
+    assert workers, "the web master has no workers"
     load_with(lambda: chaos_system.kill("web"), "web-kill")
+    # Its workers go with it: left running, they kept the port, and every new master
+    # failed to bind it and exited, over and over (found by make run's kill drill).
+    poll_until(lambda: not any(Path(f"/proc/{w}").exists() for w in workers), "the killed master's workers to exit")
     poll_until(lambda: http(chaos_system, "GET", "/healthz")[0] == 200, "the web process to serve again", timeout=60)
+    restarted = chaos_system.pid("web")
+    time.sleep(6)  # a master that cannot bind gives up after five tries a second apart
+    assert chaos_system.pid("web") == restarted, "the new web master keeps exiting"
 
 
 def test_redis_killed_with_its_append_only_file_loses_nothing(chaos_system: LocalSystem) -> None:
