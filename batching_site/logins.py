@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.contrib.auth.signals import user_logged_in
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
@@ -30,6 +30,8 @@ from dynamic_batching.protocol.names import LOGIN_FAILURES_PREFIX
 from dynamic_batching.store import connection
 from dynamic_batching.web.access import client_address
 
+from .middleware import SyncOrAsync
+
 log = logging.getLogger(__name__)
 
 #: Failed logins allowed in a window, per client address and per username.
@@ -38,10 +40,18 @@ PER_USERNAME = 5
 WINDOW_S = 300
 
 
+def _address_key(request: HttpRequest) -> str:
+    return f"{LOGIN_FAILURES_PREFIX}addr:{client_address(request)}"
+
+
+def _username_key(username: str) -> str:
+    return f"{LOGIN_FAILURES_PREFIX}user:{username.strip().lower()[:150]}"
+
+
 def _keys(request: HttpRequest, username: str | None) -> list[tuple[str, int]]:
-    keys = [(f"{LOGIN_FAILURES_PREFIX}addr:{client_address(request)}", PER_ADDRESS)]
+    keys = [(_address_key(request), PER_ADDRESS)]
     if username:
-        keys.append((f"{LOGIN_FAILURES_PREFIX}user:{username.strip().lower()[:150]}", PER_USERNAME))
+        keys.append((_username_key(username), PER_USERNAME))
     return keys
 
 
@@ -86,8 +96,8 @@ def _succeeded(sender: Any, request: HttpRequest | None = None, user: Any = None
         return
     try:
         pipe = connection.probe().pipeline(transaction=False)
-        pipe.delete(f"{LOGIN_FAILURES_PREFIX}user:{user.get_username().strip().lower()[:150]}")
-        pipe.decr(_keys(request, None)[0][0])
+        pipe.delete(_username_key(user.get_username()))
+        pipe.decr(_address_key(request))
         pipe.execute()
     except Exception:  # noqa: BLE001
         log.warning("could not clear a login's failures", exc_info=True)
@@ -96,25 +106,17 @@ def _succeeded(sender: Any, request: HttpRequest | None = None, user: Any = None
 user_logged_in.connect(_succeeded, dispatch_uid="batching-login-succeeded")
 
 
-class LoginThrottle:
+class LoginThrottle(SyncOrAsync):
     """Refuse a login POST (the site's /login/ and the admin's) from an address or for a
     username past its failed-login limit: 429 with Retry-After, no password check.
-    Sync and async alike: under ASGI a request that is not a login passes straight on,
-    with no switch to a thread and back (batching_site/asgi.py)."""
-
-    sync_capable = True
-    async_capable = True
+    Sync and async alike (batching_site/middleware.py)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
         self._paths: set[str] | None = None
-        self._async = iscoroutinefunction(get_response)
-        if self._async:
-            markcoroutinefunction(self)
+        self.follow(get_response)
 
-    def __call__(self, request: HttpRequest) -> Any:
-        if self._async:
-            return self._acall(request)
+    def _call(self, request: HttpRequest) -> Any:
         return self._refused(request) or self.get_response(request)
 
     async def _acall(self, request: HttpRequest) -> HttpResponse:
@@ -128,23 +130,28 @@ class LoginThrottle:
             self._paths = {reverse("login"), reverse("admin:login")}
         if request.path not in self._paths:
             return None
-        address = _keys(request, None)[0][0]
-        hit = _locked.recall(address)
-        if hit is None:
-            username = request.POST.get("username")
-            hit = _locked.recall(_keys(request, username)[-1][0]) if username else None
-        if hit is not None:
-            wait = max(1, int(hit[1]))
-        else:
-            try:
-                over = _count(request, username)
-            except Exception:  # noqa: BLE001 - Redis away: the login itself still works
-                over = {}
-            for key, seconds in over.items():
-                _locked.remember(key, seconds, True)
-            if not over:
-                return None
-            wait = max(over.values())
+        wait = self._locked_for(request)
+        if wait is None:
+            return None
         response = JsonResponse({"detail": f"too many failed logins: try again in {wait} s"}, status=429)
         response["Retry-After"] = str(wait)
         return response
+
+    @staticmethod
+    def _locked_for(request: HttpRequest) -> int | None:
+        """Seconds this login attempt must wait: from memory when its address (before
+        its body is read) or its username is known to be locked, else counted."""
+        hit = _locked.recall(_address_key(request))
+        username = None
+        if hit is None:
+            username = request.POST.get("username")
+            hit = _locked.recall(_username_key(username)) if username else None
+        if hit is not None:
+            return max(1, int(hit[1]))
+        try:
+            over = _count(request, username)
+        except Exception:  # noqa: BLE001 - Redis away: the login itself still works
+            return None
+        for key, seconds in over.items():
+            _locked.remember(key, seconds, True)
+        return max(over.values()) if over else None

@@ -8,25 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from whitenoise.middleware import WhiteNoiseMiddleware
 
+from .middleware import SyncOrAsync
 
-class StaticFiles(WhiteNoiseMiddleware):
-    sync_capable = True
-    async_capable = True
 
+class StaticFiles(SyncOrAsync, WhiteNoiseMiddleware):
     def __init__(self, get_response: Any = None, *args: Any, **kwargs: Any) -> None:
         super().__init__(get_response, *args, **kwargs)
-        self._async = iscoroutinefunction(get_response)
-        if self._async:
-            markcoroutinefunction(self)
+        self.follow(get_response)
 
-    def __call__(self, request: HttpRequest) -> Any:
-        if self._async:
-            return self._acall(request)
-        return super().__call__(request)
+    def _call(self, request: HttpRequest) -> Any:
+        return WhiteNoiseMiddleware.__call__(self, request)
 
     async def _acall(self, request: HttpRequest) -> Any:
         path = request.path_info

@@ -261,3 +261,22 @@ def test_a_tier_above_the_quota_is_403_naming_the_allowed_one(api: Client, bare_
             path, data=json.dumps({"input": "urgent", "priority": "high"}), content_type="application/json"
         )
         assert typed.status_code == 403, typed.content
+
+
+def test_a_long_poll_on_someone_elses_request_is_404_at_once(api: Client, bare_redis, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    # `?wait=` reads the same owner rule as the status read, before it waits: another
+    # user's request is 404 at once, as an id that never existed, never a wait that
+    # would tell it is real.
+    import time
+
+    bob = django_user_model.objects.create_user("bob-waits")
+    bobs = Client(headers={"Authorization": f"Bearer {ApiToken.objects.issue(bob, name='t')[1]}"})
+    [theirs] = post(bobs, {"text": "bob's, still queued", "model": "synthetic"}).json()["ids"]
+    started = time.monotonic()
+    assert api.get(f"{API}/requests/{theirs}?wait=5").status_code == 404
+    assert time.monotonic() - started < 2
+    # Its owner's long poll waits out its `wait` and answers the state (no device here).
+    started = time.monotonic()
+    mine = bobs.get(f"{API}/requests/{theirs}?wait=1")
+    assert mine.status_code == 200 and mine.json()["status"] == "PENDING"
+    assert time.monotonic() - started >= 1
