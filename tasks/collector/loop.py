@@ -22,8 +22,9 @@ and its requests struck off in one transaction. A collector that dies leaves its
 requests in Redis and the next one adopts them at start.
 
 Workers pull: the collector does not pick devices. It keeps at most
-`devices x (1 + batches_ahead)` batches outstanding, and a device that finishes a batch
-says so on the events queue. While a device is free the next batch leaves at once
+`devices x (1 + batches_ahead)` batches outstanding, a batch ahead sent only as a device
+is predicted to free (tasks/core/slots.py), and a device that finishes a batch says so
+on the events queue. While a device is free the next batch leaves at once
 (with `max_wait_ms=0`); while all are busy, requests wait in their queues and are taken
 together when a device frees, into fuller batches.
 """
@@ -81,7 +82,7 @@ class Collector:
         # One scheduler per model: a batch runs one model.
         self.schedulers: dict[str, Scheduler[Held]] = {}
         self.held: dict[str, Item[Held]] = {}
-        self.slots = Slots(self.clock.now)
+        self.slots = Slots(self.clock.now, timed=conf.COLLECTOR_AHEAD_TIMED)
         self.slow_inputs: set[str] = set()
         #: Known-slow inputs wait here, apart, until the policy lets one take a device.
         self.slow_lane: SlowLane[Held] = SlowLane(self.clock.now)
@@ -231,6 +232,11 @@ class Collector:
             w = s.next_wakeup() if self._free_slots() else s.next_deadline()
             if w is not None:
                 wake = min(wake, w)
+        if any(len(s) for s in self.schedulers.values()):
+            # A batch ahead is due when a device is about to free, not at a report.
+            ahead = self.slots.next_free_at(self.devices, self.batches_ahead)
+            if ahead is not None:
+                wake = min(wake, ahead)
         return max(0.0, min(housekeeping.HOUSEKEEPING_S, wake - now))
 
     # --- messages in ----------------------------------------------------------------
@@ -336,6 +342,7 @@ class Collector:
                 lane=body["lane"],
                 model=model,
                 requests=[i.id for i in batch.items],
+                devices=self.devices,
             )
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)

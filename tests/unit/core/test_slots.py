@@ -9,14 +9,14 @@ from dynamic_batching.core.slots import Slots
 
 
 def test_free_allows_one_running_and_batches_ahead_queued_per_device() -> None:
-    slots = Slots(clock=lambda: 0.0)
+    slots = Slots(clock=lambda: 0.0, timed=False)
     assert slots.free(devices=2, batches_ahead=0) == 2
     assert slots.free(devices=2, batches_ahead=1) == 4
     assert slots.free(devices=0, batches_ahead=3) == 0
 
 
 def test_free_counts_outstanding_batches_and_never_goes_negative() -> None:
-    slots = Slots(clock=lambda: 0.0)
+    slots = Slots(clock=lambda: 0.0, timed=False)
     for i in range(3):
         slots.sent(f"b{i}", 100)
     assert len(slots) == 3
@@ -114,3 +114,81 @@ def test_costs_are_learned_per_model_from_what_each_batch_ran() -> None:
     assert slots.costs_of("minilm").expected_s(100) == pytest.approx(0.01)
     assert slots.costs_of("reranker").expected_s(100) == pytest.approx(0.5)
     assert slots.costs_of("classifier").observed == 0
+
+
+# --- a batch ahead, sent as its device is about to free ---------------------------------
+
+
+def _learned(clock: FakeClock, seconds: float = 0.1) -> Slots:
+    """Slots whose model `m` costs `seconds` a batch of 100 padded tokens."""
+    slots = Slots(clock)
+    costs = slots.costs_of("m")
+    for _ in range(5):
+        costs.observe(100, seconds)
+    return slots
+
+
+def test_with_nothing_outstanding_one_batch_a_device_leaves_not_the_batches_ahead_too() -> None:
+    slots = _learned(FakeClock(0.0))
+    assert slots.free(devices=2, batches_ahead=1) == 2
+
+
+def test_a_batch_ahead_waits_until_its_device_is_predicted_free_within_the_lead() -> None:
+    clock = FakeClock(0.0)
+    slots = _learned(clock)
+    slots.sent("running", 100, model="m", devices=1)
+    assert slots.free(devices=1, batches_ahead=1) == 0
+    # Predicted free at 0.1 s; the batch ahead is due lead_s (5 ms) before.
+    assert slots.next_free_at(devices=1, batches_ahead=1) == pytest.approx(0.095)
+    clock.advance(0.094)
+    assert slots.free(devices=1, batches_ahead=1) == 0
+    clock.advance(0.002)
+    assert slots.free(devices=1, batches_ahead=1) == 1
+    assert slots.next_free_at(devices=1, batches_ahead=1) is None  # due now, not later
+    # Sent, it is predicted to start when the first ends, and the room is used up.
+    slots.sent("ahead", 100, model="m", devices=1)
+    assert slots.predicted_start["ahead"] == pytest.approx(0.1)
+    assert slots.free(devices=1, batches_ahead=1) == 0
+    assert slots.next_free_at(devices=1, batches_ahead=1) is None
+
+
+def test_untimed_or_unlearned_a_batch_ahead_leaves_as_soon_as_there_is_room() -> None:
+    clock = FakeClock(0.0)
+    untimed = _learned(clock)
+    untimed.timed = False
+    untimed.sent("running", 100, model="m", devices=1)
+    assert untimed.free(devices=1, batches_ahead=1) == 1
+    cold = Slots(clock)  # no batch of the model has finished yet: no prediction to wait for
+    cold.sent("running", 100, model="m", devices=1)
+    assert cold.free(devices=1, batches_ahead=1) == 1
+
+
+def test_several_devices_are_predicted_from_the_batches_in_the_order_they_were_sent() -> None:
+    clock = FakeClock(0.0)
+    slots = _learned(clock)
+    slots.sent("a", 100, model="m", devices=2)  # device 1: 0 to 0.1
+    clock.advance(0.05)
+    slots.sent("b", 100, model="m", devices=2)  # device 2: 0.05 to 0.15
+    assert slots.free(devices=2, batches_ahead=1) == 0
+    assert slots.next_free_at(devices=2, batches_ahead=1) == pytest.approx(0.095)
+    clock.advance(0.1)  # 0.15: both about to free
+    assert slots.free(devices=2, batches_ahead=1) == 2
+
+
+def test_the_lead_is_learned_from_each_report_beyond_its_run_within_bounds() -> None:
+    clock = FakeClock(0.0)
+    slots = _learned(clock)
+    slots.sent("a", 100, model="m", devices=1)
+    clock.advance(0.13)
+    assert slots.done("a", 100, 0.1)
+    assert slots.lead_s == pytest.approx(0.03)  # the first report, as it is
+    slots.sent("b", 100, model="m", devices=1)
+    clock.advance(5.0)  # a report held up for seconds moves it only to the bound
+    assert slots.done("b", 100, 0.1)
+    assert slots.lead_s == pytest.approx(0.8 * 0.03 + 0.2 * slots.lead_bounds[1])
+    slots.sent("c", 100, model="m", devices=1)
+    assert slots.yielded("c")  # a batch that yields runs others' time too: no measure
+    clock.advance(0.2)
+    lead = slots.lead_s
+    assert slots.done("c", 100, 0.1)
+    assert slots.lead_s == lead
