@@ -14,8 +14,10 @@ to the end, and goes back to the long one. What may yield:
 
 The first time a batch yields, the device tells the collector (a `yielding` event), which
 stops counting that batch against the device's slot and sends the next batch at once
-(tasks/core/slots.py). The device picks it up with a non-blocking `basic_get` on the
-shared queue, unacked until it is answered, exactly as the worker's own consumer would
+(tasks/core/slots.py). A batch already in the worker's other thread, waiting for the
+device (DEVICE_OVERLAP), goes first: the long batch lends it the device lock
+(gpu_workers/device_lock.py) and waits until it is done. Otherwise the device picks the
+next one up with a non-blocking `basic_get` on the shared queue, unacked until it is answered, exactly as the worker's own consumer would
 have (a crash mid-run leaves it to the broker's visibility timeout), and runs it through
 Celery's own tracer, so its result, its chord and Flower's events are as if the worker
 had run it.
@@ -50,6 +52,7 @@ from dynamic_batching.conf import conf
 from dynamic_batching.protocol import events as flower_events
 from dynamic_batching.protocol.names import BATCH_QUEUE, BATCH_TASK
 
+from .device_lock import DeviceLock
 from .taken import Taken
 from .watchdog import Watchdog
 
@@ -97,9 +100,13 @@ class Preemption:
         device_id: str,
         hostname: str,
         taken: Taken,
+        device_lock: DeviceLock | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
+        #: A batch waiting for the device in this worker's other thread (DEVICE_OVERLAP)
+        #: runs first, before one fetched from the queue: it is already here.
+        self.device_lock = device_lock
         self._clock = clock
         self.taken = taken
         self.watchdog = watchdog
@@ -182,28 +189,36 @@ class Preemption:
                 armed.announced = True
                 log.info("batch %s is long: running waiting batches between its layers", armed.batch_id)
                 self._emit({"kind": "yielding", "batch_id": armed.batch_id, "device": self.device_id})
+            lock = self.device_lock
+            if lock is not None and lock.wanted:
+                self._nested(armed, lock.lend)
+                return
             message = self._take()
             # The look is lent time too: the watchdog was paused for it. Empty looks
             # every POLL_EVERY_S through a long batch add up to seconds.
             armed.budget_s -= self._clock() - now
-            if message is None:
-                return
-            now = self._clock()
-            room = armed.budget_s if not self._untils else min(armed.budget_s, self._untils[-1] - now)
-            self._untils.append(now + min(conf.BATCH_HARD_LIMIT_S, max(0.0, room)))
-            t0, inside = time.perf_counter(), self.nested_s
-            try:
-                self._run(message)
-            except Exception:
-                # Left unacked: the broker hands it out again after the visibility timeout.
-                log.exception("a batch run inside batch %s failed", armed.batch_id)
-            finally:
-                took = time.perf_counter() - t0
-                # What deeper batches took inside this one is already counted.
-                self.nested_s += took - (self.nested_s - inside)
-                armed.budget_s -= took
-                self._untils.pop()
-                self.preempted += 1
+            if message is not None:
+                self._nested(armed, lambda: self._run(message))
+
+    def _nested(self, armed: _Armed, run: Callable[[], object]) -> None:
+        """Run another batch inside `armed`: `run` it with what `armed` may lend as its
+        time bound, and count what it took as lent."""
+        now = self._clock()
+        room = armed.budget_s if not self._untils else min(armed.budget_s, self._untils[-1] - now)
+        self._untils.append(now + min(conf.BATCH_HARD_LIMIT_S, max(0.0, room)))
+        t0, inside = time.perf_counter(), self.nested_s
+        try:
+            run()
+        except Exception:
+            # Left unacked: the broker hands it out again after the visibility timeout.
+            log.exception("a batch run inside batch %s failed", armed.batch_id)
+        finally:
+            took = time.perf_counter() - t0
+            # What deeper batches took inside this one is already counted.
+            self.nested_s += took - (self.nested_s - inside)
+            armed.budget_s -= took
+            self._untils.pop()
+            self.preempted += 1
 
     def close(self) -> None:
         if self._conn is not None:

@@ -1,4 +1,5 @@
-"""Handing a batch, or part of one, back to the shared batch queue for any device."""
+"""Handing a batch, or part of one, back to the shared batch queue for any device (or to
+one device's own queue)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from dynamic_batching.store import clock, ledger, shared_state
 log = logging.getLogger(__name__)
 
 
-def resend(app: Celery, batch: dict[str, Any], task_id: str) -> None:
-    """Back on its lane's shared queue, its requests' ledger entries touched: handed on,
-    not lost. Untouched, a long bisection passed the ledger's grace and the sweep queued
-    its batch-mates and its slow input again while the search went on (issue 41,
-    finding 8)."""
-    app.send_task(BATCH_TASK, args=[batch], task_id=task_id, queue=batch_queue_name(batch.get("lane", "normal")))
+def resend(app: Celery, batch: dict[str, Any], task_id: str, *, queue: str | None = None) -> None:
+    """Back on its lane's shared queue (or on `queue`, one device's), its requests'
+    ledger entries touched: handed on, not lost. Untouched, a long bisection passed the
+    ledger's grace and the sweep queued its batch-mates and its slow input again while
+    the search went on (issue 41, finding 8)."""
+    queue = queue or batch_queue_name(batch.get("lane", "normal"))
+    app.send_task(BATCH_TASK, args=[batch], task_id=task_id, queue=queue)
     ids = [r["id"] for r in batch.get("requests", ())]
     try:
         ledger.touch(shared_state.client(), ids, clock.now())

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
@@ -30,13 +31,14 @@ from dynamic_batching.core.errors import DeadlineExceeded, ModelUnavailable, Wor
 from dynamic_batching.core.slowness import confirms_slow, fingerprint
 from dynamic_batching.protocol import events as flower_events
 from dynamic_batching.protocol import wire
-from dynamic_batching.protocol.names import EVENTS_QUEUE
+from dynamic_batching.protocol.names import EVENTS_QUEUE, device_queue_name
 from dynamic_batching.protocol.results import Outcome
 from dynamic_batching.store import clock, deliveries, shared_state
 from dynamic_batching.store.outcomes import OutcomeWriter
 
 from . import resend
 from .bisection import SLOW, UNRUN, Bisector
+from .device_lock import DeviceLock
 from .health import DeviceHealth
 from .models import get_spec
 from .models.base import BatchRunner
@@ -45,6 +47,25 @@ from .taken import Taken
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Ran:
+    """A batch after its run, before its answers are written (DeviceRunner._answer)."""
+
+    started: float
+    live: list[dict[str, Any]]
+    borrowed: bool
+    run_s: float = 0.0
+    base: dict[str, Any] = field(default_factory=dict)
+    outcomes: list[Outcome] = field(default_factory=list)
+    #: Outcomes left to write after the run.
+    to_write: list[Outcome] = field(default_factory=list)
+    #: Requests answered while their batch was still being searched for a slow input.
+    early: set[str] = field(default_factory=set)
+    #: How many answers written were new.
+    written: int = 0
+    unrun: list[dict[str, Any]] = field(default_factory=list)
 
 
 def device_id_of(device: str) -> str:
@@ -81,6 +102,7 @@ class DeviceRunner:
         self.taken = Taken(app, self.device_id)
         self.taken.reclaim()
         self._models: dict[str, BatchRunner] = {}
+        self._loading = threading.Lock()
         self._outcomes = OutcomeWriter(app)
         self.batches = 0
         self.requests = 0
@@ -95,6 +117,16 @@ class DeviceRunner:
         self.watchdog = Watchdog(on_hung=self._hung)
         #: The batch being run and its requests to run, for `_hung`.
         self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+        #: Every batch this worker holds now, by task id: with DEVICE_OVERLAP one may wait for
+        #: the device, or write its answers, while another runs; for `_hung`.
+        self._in_hand: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        #: Set by the worker's start-up step: stops its consumer taking batch messages.
+        self.stop_taking: Callable[[], None] = lambda: None
+        #: Held while a batch runs on the device: with DEVICE_OVERLAP two batch tasks
+        #: are in this worker at once, and only one may use the device (and the
+        #: watchdog, the preemption stack and `_running`, which are the device's). Every
+        #: model loaded here runs its batches under it too.
+        self._device = DeviceLock()
         #: Long batches let waiting ones run between their layers (gpu_workers/preempt.py).
         self.preempt = Preemption(
             app,
@@ -103,6 +135,7 @@ class DeviceRunner:
             device_id=self.device_id,
             hostname=nodename or self.device_id,
             taken=self.taken,
+            device_lock=self._device,
         )
         self.bisector = Bisector(self.watchdog, clock=self.preempt.own_clock)
         self.started_at = time.time()
@@ -115,11 +148,20 @@ class DeviceRunner:
 
     def model(self, name: str) -> BatchRunner:
         runner = self._models.get(name)
+        if runner is not None:
+            return runner
+        # Two batches in this worker may want a model not loaded yet: load it once.
+        with self._loading:
+            return self._load(name)
+
+    def _load(self, name: str) -> BatchRunner:
+        runner = self._models.get(name)
         if runner is None:
             t0 = time.perf_counter()
             spec = get_spec(name)
             runner = self._models[name] = spec.load(self.device)
             runner.between_steps = self.preempt.between_steps
+            runner.device_lock = self._device
             runner.on_progress = self.watchdog.progress
             log.info("loaded model %s on %s in %.1fs", name, self.device, time.perf_counter() - t0)
             if getattr(spec, "probe", False) and hasattr(runner, "probe_budget"):
@@ -149,7 +191,13 @@ class DeviceRunner:
         """Run one batch. A first delivery (as the broker says) skips asking which
         requests are already answered: none can be. One that came back (redelivered by
         the broker, or handed back by a device) is counted, and may be split first
-        (`_came_back`)."""
+        (`_came_back`).
+
+        With DEVICE_OVERLAP, a device worker holds two batches at once in two threads
+        (gpu_workers/worker.py): what one does before and after its run (decoding and
+        counting, STARTED, the model's host-side `prepare`, then writing every answer
+        and the ack) happens while the other holds the device, so the device does not
+        wait on it. Only the run itself is under the device lock."""
         if not self.health.may_run(batch):
             return self.health.bounce(batch)
         requests: list[dict[str, Any]] = batch["requests"]
@@ -159,13 +207,32 @@ class DeviceRunner:
             reply = self._came_back(batch, todo, task_id if redelivered else None)
             if reply is not None:
                 return reply
-        # A batch that preempts another runs inside it: restore the one it interrupted.
-        outer, self._running = self._running, (batch, todo)
+        # By its task id, as the broker's delivery is noted (a bounced batch's differs).
+        held_as = task_id or batch["batch_id"]
+        self._in_hand[held_as] = (batch, todo)
         try:
-            with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
-                return self._execute(batch, todo)
+            return self._execute(batch, todo)
         finally:
-            self._running = outer
+            self._in_hand.pop(held_as, None)
+
+    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
+        started = clock.now()  # Redis's clock, as the edge set the deadlines
+        waiting_since = time.monotonic()
+        if todo and self.app.conf.task_track_started:
+            self._outcomes.started([r["id"] for r in todo if not self._late(r, started)], self.device_id)
+        self._prepare(batch["model"], todo)
+        # Re-entrant: a batch that preempts another runs inside it, in the same thread.
+        with self._device:
+            # What waiting for the device took counts against the deadlines.
+            started += time.monotonic() - waiting_since
+            # A batch that preempts another runs inside it: restore the one it interrupted.
+            outer, self._running = self._running, (batch, todo)
+            try:
+                with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
+                    ran = self._on_device(batch, todo, started)
+            finally:
+                self._running = outer
+        return ran if isinstance(ran, dict) else self._answer(batch, todo, ran)
 
     def _yield_after(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> float | None:
         """When this batch starts letting waiting batches run between its layers: a
@@ -179,8 +246,26 @@ class DeviceRunner:
         # and a batch let in ahead of it would only reorder the two.
         return None if expected is None else max(conf.PREEMPT_AFTER * expected, conf.SLOW_FLOOR_S)
 
-    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
-        started = clock.now()  # Redis's clock, as the edge set the deadlines
+    @staticmethod
+    def _late(r: dict[str, Any], now: float) -> bool:
+        return r.get("deadline_at") is not None and now > r["deadline_at"]
+
+    def _prepare(self, model: str, todo: list[dict[str, Any]]) -> None:
+        """The model's host-side work for these inputs (BatchRunner.prepare), before the
+        device lock. A model not loaded yet is loaded by the run, whose time bound allows
+        for it (`_run`); a prepare that fails leaves the work to the run, where a failure
+        becomes each input's own outcome."""
+        runner = self._models.get(model)
+        if not todo or runner is None:
+            return
+        try:
+            runner.prepare([r["input"] for r in todo])
+        except Exception:  # noqa: BLE001 - the run meets the same failure and answers it
+            log.debug("prepare failed for a batch of %s; the run will answer it", model, exc_info=True)
+
+    def _on_device(self, batch: dict[str, Any], todo: list[dict[str, Any]], started: float) -> _Ran | dict[str, Any]:
+        """The part of a batch that holds the device: run it, judge the device, isolate
+        slow inputs. Returns what is left to write, or a bounce's reply."""
         # One time bound for the whole batch, bisection and isolation included (and for
         # one that preempts another, what that one's bound leaves it).
         until = time.monotonic() + conf.BATCH_HARD_LIMIT_S
@@ -190,10 +275,8 @@ class DeviceRunner:
         borrowed = self.preempt.nested_until is not None and self.preempt.nested_until < until
         if borrowed:
             until = self.preempt.nested_until
-        late: list[dict[str, Any]] = []
-        live: list[dict[str, Any]] = []
-        for r in todo:
-            (late if r.get("deadline_at") is not None and started > r["deadline_at"] else live).append(r)
+        late = [r for r in todo if self._late(r, started)]
+        live = [r for r in todo if not self._late(r, started)]
         outcomes = [
             Outcome(
                 r["id"],
@@ -202,74 +285,72 @@ class DeviceRunner:
             )
             for r in late
         ]
-
-        if live and self.app.conf.task_track_started:
-            self._outcomes.started([r["id"] for r in live], self.device_id)
         slow_lane = batch.get("lane") == "slow"
         t0 = self.preempt.own_clock()
-        #: Requests answered while their batch was still being searched for a slow
-        #: input, and how many of those answers were new.
-        early: set[str] = set()
-        written = 0
+        ran = _Ran(started=started, live=live, borrowed=borrowed)
 
         def answer_part(reqs: list[dict[str, Any]], results: list[Any]) -> None:
-            nonlocal written
             base = self._base(batch, started, self.preempt.own_clock() - t0)
-            written += self._outcomes.write(
+            ran.written += self._outcomes.write(
                 [self._outcome(r, res, base, isolated=False) for r, res in zip(reqs, results, strict=True)]
             )
-            early.update(r["id"] for r in reqs)
+            ran.early.update(r["id"] for r in reqs)
 
         results = self._run(batch["model"], live, slow_lane=slow_lane, until=until, on_part=answer_part) if live else []
-        run_s = self.preempt.own_clock() - t0
-        base = self._base(batch, started, run_s)
+        ran.run_s = self.preempt.own_clock() - t0
+        ran.base = self._base(batch, started, ran.run_s)
         if self.health.judge(batch, [res for res in results if res is not UNRUN]):
             return self.health.bounce(batch)  # the device failed, not these inputs
 
         slow = [r for r, res in zip(live, results, strict=True) if res is SLOW]
         if live and not slow and not slow_lane and all(not isinstance(res, BaseException) for res in results):
             self._reference[batch["model"]] = max(live, key=lambda r: r["tokens"])
-        unrun = [r for r, res in zip(live, results, strict=True) if res is UNRUN]
+        ran.unrun = [r for r, res in zip(live, results, strict=True) if res is UNRUN]
         outcomes += [
-            self._outcome(r, res, base, isolated=slow_lane)
+            self._outcome(r, res, ran.base, isolated=slow_lane)
             for r, res in zip(live, results, strict=True)
             if res is not SLOW and res is not UNRUN
         ]
-        also = self._also(batch, outcomes, base, run_s)
-        unwritten = [o for o in outcomes if o.task_id not in early]
+        ran.to_write = [o for o in outcomes if o.task_id not in ran.early]
         if slow:
             # Batch-mates are answered before the slow inputs run on their own.
-            written += self._outcomes.write(unwritten)
+            ran.written += self._outcomes.write(ran.to_write)
             mates = [
                 r
                 for r, res in zip(live, results, strict=True)
                 if res is not SLOW and res is not UNRUN and not isinstance(res, BaseException)
             ]
-            isolated, left = self._isolate(batch["model"], slow, mates, base, until)
-            unrun += left
+            isolated, left = self._isolate(batch["model"], slow, mates, ran.base, until)
+            ran.unrun += left
             outcomes += isolated
-            written += self._outcomes.write(isolated, also=also)
-        else:
-            written += self._outcomes.write(unwritten, also=also)
-        if unrun:
-            if borrowed:
-                self._hand_back(batch, unrun, "r", "the batch it ran inside had no more time to lend", counts=False)
-            else:
-                self._hand_back(batch, unrun, "r", "its batch used up its time bound")
-        self.batches += 1
-        self.requests += len(live)
+            ran.to_write = isolated
+        ran.outcomes = outcomes
         self.busy_s += self.preempt.own_clock() - t0
-        metrics.record_batch(self.device_id, batch, outcomes, run_s)
+        return ran
+
+    def _answer(self, batch: dict[str, Any], todo: list[dict[str, Any]], ran: _Ran) -> dict[str, Any]:
+        """After the run, off the device: write the answers left to write (with Flower's
+        events and the collector's `done` in the same round trip), hand back what the
+        batch's time bound left unrun. The batch task returns, and is acked, after this."""
+        ran.written += self._outcomes.write(ran.to_write, also=self._also(batch, ran.outcomes, ran.base, ran.run_s))
+        if ran.unrun:
+            if ran.borrowed:
+                self._hand_back(batch, ran.unrun, "r", "the batch it ran inside had no more time to lend", counts=False)
+            else:
+                self._hand_back(batch, ran.unrun, "r", "its batch used up its time bound")
+        self.batches += 1
+        self.requests += len(ran.live)
+        metrics.record_batch(self.device_id, batch, ran.outcomes, ran.run_s)
         return {
             "batch_id": batch["batch_id"],
             "device": self.device_id,
             "size": len(batch["requests"]),
-            "ran": len(live) - len(unrun),
-            "written": written,
+            "ran": len(ran.live) - len(ran.unrun),
+            "written": ran.written,
             "skipped": len(batch["requests"]) - len(todo),
-            "isolated": sum(1 for o in outcomes if o.details.get("isolated")),
-            "handed_back": len(unrun),
-            "run_ms": base["run_ms"],
+            "isolated": sum(1 for o in ran.outcomes if o.details.get("isolated")),
+            "handed_back": len(ran.unrun),
+            "run_ms": ran.base["run_ms"],
         }
 
     def _run(
@@ -335,42 +416,74 @@ class DeviceRunner:
         return {**reply, "written": written}
 
     def _hand_back(
-        self, batch: dict[str, Any], requests: list[dict[str, Any]], suffix: str, why: str, *, counts: bool = True
+        self,
+        batch: dict[str, Any],
+        requests: list[dict[str, Any]],
+        suffix: str,
+        why: str,
+        *,
+        counts: bool = True,
+        queue: str | None = None,
     ) -> None:
-        """Send requests this device could not finish back to the shared queue, as a
-        batch that counts as having come back once more (`counts`: towards the error a
-        lone input gets after POISON_REDELIVERIES); or, when the device and not the batch
-        ran out of time, as it was."""
+        """Send requests this device could not finish back to the shared queue (or to
+        `queue`), as a batch that counts as having come back once more (`counts`:
+        towards the error a lone input gets after POISON_REDELIVERIES); or, when the
+        device and not the batch ran out of time, as it was."""
         if counts:
             came_back, handed_back = True, int(batch.get("handed_back") or 0) + 1
         else:
             came_back, handed_back = bool(batch.get("came_back")), int(batch.get("handed_back") or 0)
         part = {**resend.part(batch, requests, suffix), "came_back": came_back, "handed_back": handed_back}
         log.warning("handing %d request(s) of batch %s back: %s", len(requests), batch["batch_id"], why)
-        resend.resend(self.app, part, part["batch_id"])
+        resend.resend(self.app, part, part["batch_id"], queue=queue)
 
     def _hung(self) -> None:
         """Called by the watchdog's thread when a model call is stuck in native code
-        past its hard limit: hand the batch back for another device, then die, so the
-        supervisor starts a fresh worker (a stuck kernel cannot be interrupted)."""
-        running = self._running
-        log.critical("device %s is hung inside a model call; handing its batch back and exiting", self.device_id)
+        past its hard limit: hand back every batch this worker holds, then die, so the
+        supervisor starts a fresh worker (a stuck kernel cannot be interrupted).
+
+        The hung batch comes back counted (towards the error a lone input gets after
+        POISON_REDELIVERIES); any other it holds (one waiting for the device in the other
+        thread, one it preempted) did nothing wrong and comes back as it was. Each goes to
+        another live device's own queue: on the shared queue, this worker's consumer,
+        idle in its other thread, took its own hand-back and died with it."""
+        hung = self._running
+        log.critical("device %s is hung inside a model call; handing its batches back and exiting", self.device_id)
         self._stop.set()  # no more heartbeats from a worker that cannot work
-        # What it holds is handed back here, not by the worker that replaces it.
-        tag = self.taken.tag_of(running[0]["batch_id"]) if running is not None else None
-        self.taken.forget()
         try:
-            if running is not None:
-                batch, todo = running
+            self.stop_taking()  # its consumer must not take what it hands back, or anything
+            queue = self._elsewhere()
+            for task_id, (batch, todo) in list(self._in_hand.items()):
+                tag = self.taken.tag_of(task_id)
+                self.taken.finished(task_id)
                 left = self._unanswered(todo)
-                if left:
-                    self._hand_back(batch, left, "h", "the device hung")
+                if left and hung is not None and batch is hung[0]:
+                    self._hand_back(batch, left, "h", "the device hung", queue=queue)
+                elif left:
+                    self._hand_back(batch, left, "w", "it waited on a device that hung", counts=False, queue=queue)
                 # The copy is out: the original must not come back too. Copy first, then
                 # settle: dying between the two runs it twice, never loses it.
                 if tag is not None:
                     deliveries.settle(shared_state.client(), tag)
         finally:
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._die()
+
+    def _die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _elsewhere(self) -> str | None:
+        """The queue of another live device whose circuit is closed, the freshest
+        heartbeat first; None (the shared queue) if there is none."""
+        own = device_queue_name(self.device)
+        try:
+            live = shared_state.live_devices()
+        except Exception:  # noqa: BLE001 - the shared queue still works
+            return None
+        for device_id, info in sorted(live.items(), key=lambda kv: -float(kv[1].get("at") or 0)):
+            queue = device_queue_name(str(info.get("device", "")))
+            if device_id != self.device_id and info.get("circuit") == "closed" and queue != own:
+                return queue
+        return None
 
     def _unanswered(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         todo_ids = self._outcomes.missing([r["id"] for r in requests])

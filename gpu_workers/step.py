@@ -44,6 +44,7 @@ class DeviceStep(bootsteps.StartStopStep):
         models = [m for m in (self.preload or conf.DEFAULT_MODEL).split(",") if m]
         os.environ.setdefault("DEVICE_COUNT", str(max(1, len(conf.DEVICES) or 1)))
         self.runner = runner.DeviceRunner(worker.app, self.device, preload=models, nodename=worker.hostname)
+        self.runner.stop_taking = lambda: stop_taking(worker)
         runner.install(self.runner)
         # The consumer's batch messages: their delivery tags are noted as they arrive.
         signals.task_received.connect(self.runner.taken.on_received, weak=False)
@@ -55,3 +56,22 @@ class DeviceStep(bootsteps.StartStopStep):
             runner.install(None)
             self.runner.close()
             self.runner = None
+
+
+def stop_taking(worker: Any) -> None:
+    """Close the connection this worker's consumer waits for batch messages on, from
+    any thread, so that it takes no more: a hung worker calls it before it hands its
+    batches back and dies. With DEVICE_OVERLAP its other thread may be idle, and its
+    consumer blocked in BRPOP on the shared queue; whatever the broker gave it in the
+    moment before the kill was lost with it (measured: the halves another device split
+    a hand-back into, 2 runs in 3, found again only by the ledger sweep). Redis forgets a
+    blocked client whose connection closes. kombu has no public call for this (its
+    channel's close first reads the pending BRPOP, for up to a second, and keeps what
+    it gets): the redis-py connection under the consumer's channel is closed instead."""
+    try:
+        channel = worker.consumer.task_consumer.channel
+        client = channel.__dict__.get("client")
+        if client is not None and client.connection is not None:
+            client.connection.disconnect()
+    except Exception:  # noqa: BLE001 - the worker dies next in any case
+        log.warning("could not close the consumer's connection before dying", exc_info=True)

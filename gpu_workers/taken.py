@@ -17,7 +17,7 @@ kombu keeps a message's tag for life, so a message the broker handed to another 
 meanwhile has the same tag: the note holds the delivery's time in kombu's unacked index
 too, and deliveries.restore checks it in one transaction. And the old worker is dead
 (gpu_workers/step.py refuses a second live worker under one device id).
-A hung worker hands its batch back itself, so it forgets its notes before it dies.
+A hung worker hands its batch back itself, so it drops that note before it dies.
 Two live workers given the same device id would hand each other's batches back; the
 outcome store still keeps only a first answer.
 """
@@ -60,14 +60,6 @@ class Taken:
     def tag_of(self, task_id: str) -> str | None:
         """The delivery tag this worker took `task_id` under, while it holds it."""
         return self._tags.get(task_id)
-
-    def forget(self) -> None:
-        """Drop every note (a hung worker that handed its batch back itself)."""
-        self._tags.clear()
-        try:
-            deliveries.held(shared_state.client(), self.holder)
-        except Exception:  # noqa: BLE001 - the worker is about to die; the timeout path remains
-            log.warning("could not forget the batches of %s", self.holder, exc_info=True)
 
     def reclaim(self) -> int:
         """Hand back to the broker the batch messages a killed worker under this device

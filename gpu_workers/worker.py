@@ -7,12 +7,22 @@ start-up step added in this process only.
 
 from click import Option
 
+from dynamic_batching.conf import conf
 from dynamic_batching.protocol.app import configure_worker, get_app
 
 from .step import DeviceStep
 
 # This process consumes batching's queues alone: their settings apply here only.
 app = configure_worker(get_app())
+# One process per device, so one model copy and one CUDA context. It takes a batch only
+# when it has room for one (prefetch 1 a thread), which is what makes dispatch
+# worker-pull. With DEVICE_OVERLAP, two threads: one batch prepares, or writes its
+# answers, while the other holds the device (gpu_workers/runner.py).
+app.conf.update(
+    worker_pool="threads" if conf.DEVICE_OVERLAP else "solo",
+    worker_concurrency=2 if conf.DEVICE_OVERLAP else 1,
+    worker_prefetch_multiplier=1,
+)
 app.user_options["worker"].add(
     Option(["--device"], required=True, help="Run batches on this device (cuda:0, cpu:0, ...).")
 )

@@ -38,12 +38,12 @@ def device_command(device: str, *, preload: str | None = None, loglevel: str | N
     """A device worker for `device` (cuda:0, or cpu:0 for a simulated device), loading
     `preload` (comma-separated models; default DEFAULT_MODEL) at start."""
     level = log_level(loglevel)
-    # Solo pool, one process, prefetch 1: the worker takes the next batch only when it
-    # has finished the last, which is what makes dispatch worker-pull.
+    # The pool, its size and the prefetch are the worker's own (gpu_workers/worker.py:
+    # one process, one batch on the device at a time, DEVICE_OVERLAP).
     queues = ",".join([*SHARED_BATCH_QUEUES, device_queue_name(device)])
     cmd = celery_command(
         "dynamic_batching.gpu_workers.worker", "worker", "--device", device, "-n", f"gpu-{device.replace(':', '')}@%h", "-Q", queues,
-        "-P", "solo", "-c", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", level,
+        "--without-gossip", "--without-mingle", "-l", level,
     )  # fmt: skip
     if preload:
         cmd += ["--preload", preload]

@@ -116,6 +116,12 @@ class BatchRunner(abc.ABC):
     #: (gpu_workers/watchdog.py). A model that never reports it is cut off at its limit.
     on_progress: Callable[[float], object] | None = None
 
+    #: Held while the device runs a batch: one batch at a time, like one CUDA stream.
+    #: Re-entrant (a batch that preempts another runs inside it). A device runner sets
+    #: its own (gpu_workers/device_lock.py), which a batch may lend between its layers
+    #: to a batch in another thread; a runner used alone keeps its own.
+    device_lock: Any = None
+
     def step(self, done: float | None = None) -> None:
         """Between two layers: `done` is the share of the batch's work behind it (before
         layer k of n, k/n) when the model can tell. Then let preempting work run, if the
@@ -126,6 +132,14 @@ class BatchRunner(abc.ABC):
         hook = self.between_steps
         if hook is not None:
             hook()
+
+    def prepare(self, inputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """The host's share of a batch that does not need the device (tokenizing,
+        collating, pinning), done before the batch waits for the device, so that with
+        DEVICE_OVERLAP it runs while another batch holds it. `run_batch` gets the same
+        inputs later (or parts of them, if the batch is split) and may use what this
+        kept; it must still work for inputs never prepared. Must not raise for an input
+        that `run_batch` would answer with its own error."""
 
     @abc.abstractmethod
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:

@@ -17,7 +17,9 @@ Options:
 - ``overhead_ms`` and ``per_token_us``: a batch runs for ``overhead_ms + per_token_us
   x padded tokens`` (padded tokens: the batch's size times its longest input), a wait
   that releases the GIL, in slices between which the batch can yield
-  (``BatchRunner.step``), one batch at a time per device, like one CUDA stream.
+  (``BatchRunner.step``), one batch at a time per device (under its device lock), like
+  one CUDA stream. The host's share (counting the tokens, building the answers) is done
+  in ``prepare``, off the device, as a real runner's tokenizing and collating would be.
 - ``dim``: the answer's length, 384 by default.
 
 **The defaults** (2 ms a batch, 4 us a padded token) are calibrated to a published
@@ -51,6 +53,8 @@ DEFAULT_PER_TOKEN_US = 4.0
 DEFAULT_DIM = 384
 #: Longest uninterrupted wait inside one batch: the batch may yield between slices.
 SLICE_S = 0.005
+#: Inputs prepared and not yet run are forgotten past this many.
+MAX_PREPARED = 4096
 #: Decimals of each answer component (as MiniLM's answers).
 DECIMALS = 8
 
@@ -142,24 +146,39 @@ class EmulatedAcceleratorRunner(BatchRunner):
         self._wait = wait
         #: Seconds this device has been busy running batches, ever.
         self.device_busy_s = 0.0
-        # One batch at a time, like one CUDA stream. Re-entrant: a batch that preempts
-        # another runs in the same thread, between its slices.
-        self._lock = threading.RLock()
+        self.device_lock = threading.RLock()
         self._closed = False
+        #: id(input) -> (input, tokens, answer), from `prepare`.
+        self._prepared: dict[int, tuple[Any, int, list[float]]] = {}
 
     def batch_seconds(self, padded_tokens: int) -> float:
         """How long the device is busy with a batch of `padded_tokens`."""
         return self.overhead_s + padded_tokens * self.per_token_s if padded_tokens else 0.0
+
+    def prepare(self, inputs: Sequence[Any]) -> None:
+        """The host's share, off the device: tokenize each input (as the real runner
+        does) and build its answer (as the real runner turns the device's output into
+        floats). Kept per input object until `run_batch` uses it."""
+        if len(self._prepared) > MAX_PREPARED:
+            self._prepared.clear()  # prepared for batches that never ran (bounced, handed back)
+        for x in inputs:
+            self._prepared[id(x)] = (x, self.real.count_tokens(x), answer(x, self.dim))
+
+    def _host_share(self, x: Any) -> tuple[int, list[float]]:
+        kept = self._prepared.pop(id(x), None)
+        if kept is not None and kept[0] is x:
+            return kept[1], kept[2]
+        return self.real.count_tokens(x), answer(x, self.dim)
 
     def run_batch(self, inputs: Sequence[Any]) -> list[list[float]]:
         if self._closed:
             raise RuntimeError(f"emulated runner on {self.device} is closed")
         if not inputs:
             return []
-        # The host's share, as the real runner's: tokenize the batch.
-        padded = len(inputs) * max(self.real.count_tokens(x) for x in inputs)
+        shares = [self._host_share(x) for x in inputs]
+        padded = len(inputs) * max(tokens for tokens, _ in shares)
         total = left = self.batch_seconds(padded)
-        with self._lock:
+        with self.device_lock:
             while left > 0:
                 step = min(left, SLICE_S)
                 self._wait(step)
@@ -167,7 +186,7 @@ class EmulatedAcceleratorRunner(BatchRunner):
                 left -= step
                 if left > 0:
                     self.step(done=1 - left / total)
-        return [answer(x, self.dim) for x in inputs]
+        return [a for _, a in shares]
 
     def close(self) -> None:
         self._closed = True

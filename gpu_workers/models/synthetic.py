@@ -173,9 +173,8 @@ class SyntheticRunner(BatchRunner):
         self.slowdown = slowdown
         self._sleep = sleep
         self._closed = False
-        # A real device runs one batch at a time; concurrent callers queue. Re-entrant:
-        # a batch that preempts another runs in the same thread, between its slices.
-        self._lock = threading.RLock()
+        # A real device runs one batch at a time; concurrent callers queue.
+        self.device_lock = threading.RLock()
 
     def batch_seconds(self, texts: Sequence[str]) -> float:
         """How long ``run_batch(texts)`` sleeps."""
@@ -199,7 +198,7 @@ class SyntheticRunner(BatchRunner):
             if FAIL_MARKER in text:
                 raise PoisonInput(f"synthetic model refuses input containing {FAIL_MARKER}: {text[:40]!r}")
         total = seconds = self.batch_seconds(texts)
-        with self._lock:
+        with self.device_lock:
             # In slices, like a model running layer by layer: a watchdog that interrupts
             # a batch gets control back within one slice, as it would between layers, and
             # hears how far it has got.

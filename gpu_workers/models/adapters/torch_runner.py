@@ -66,9 +66,8 @@ class TorchRunner(BatchRunner):
             if dtype:
                 log.info("%s on %s: dtype %s is for CUDA devices; running float32", type(self).__name__, device, dtype)
         # A model is not documented as safe to call from two threads; one batch at a time.
-        # Re-entrant: a batch that preempts another runs in the same thread, between its
-        # layers.
-        self._lock = threading.RLock()
+        # Re-entrant: a batch that preempts another runs inside it, between its layers.
+        self.device_lock = threading.RLock()
         model = self.load_model()
         if self.dtype is not None:
             model.to(self.dtype)
@@ -109,7 +108,7 @@ class TorchRunner(BatchRunner):
         if not inputs:
             return []
         batch = list(inputs)
-        with self._lock:
+        with self.device_lock:
             model = self._model
             if model is None:
                 raise RuntimeError(f"{type(self).__name__} on {self.device} is closed")
@@ -153,7 +152,7 @@ class TorchRunner(BatchRunner):
         return int(rows * self.max_tokens * (1.0 - headroom))
 
     def close(self) -> None:
-        with self._lock:
+        with self.device_lock:
             if self._model is None:
                 return
             self._model = None

@@ -89,3 +89,26 @@ def test_declared_in_batching_models_it_counts_the_real_models_tokens() -> None:
     assert spec.max_tokens == real.max_tokens
     with pytest.raises(ValueError, match="empty"):
         spec.validate_input("   ")
+
+
+def test_prepare_does_the_host_share_off_the_device_and_the_run_only_waits() -> None:
+    counted: list[str] = []
+
+    class Counting(SyntheticSpec):
+        def count_tokens(self, text: str) -> int:
+            counted.append(text)
+            return super().count_tokens(text)
+
+    waits: list[float] = []
+    r = EmulatedAcceleratorRunner("cpu:0", Counting(), overhead_s=0.002, per_token_s=4e-6, wait=waits.append)
+    texts = ["one two three", "four"]
+    r.prepare(texts)
+    assert counted == texts and not waits
+    counted.clear()
+    out = r.run_batch(texts)
+    assert counted == [], "the run counted tokens again"
+    assert out == [answer(t, 384) for t in texts]
+    assert math.isclose(sum(waits), 0.002 + 2 * 5 * 4e-6)
+    # Used once: the same texts run again (a half of a split batch) are counted again.
+    r.run_batch(texts[:1])
+    assert counted == texts[:1]

@@ -1,0 +1,87 @@
+"""The lock a device worker's batches hold while they use the device.
+
+With DEVICE_OVERLAP a device worker runs two batch tasks in two threads
+(gpu_workers/worker.py): while one holds the device, the other decodes, prepares, or
+writes its answers. This lock keeps the device to one batch at a time, and adds one
+thing to a re-entrant lock: the batch holding it may *lend* it between two of its
+layers to a batch waiting for it in the other thread (preemption, gpu_workers/preempt.py,
+which before overlap only ran batches it fetched itself, in its own thread). The lender
+waits until the borrower releases it, and gets it back before any other waiter.
+
+Why not threading.RLock: a lender holds the lock inside its model call (the runners
+take it around their forward pass) while the borrower runs the same model; an RLock
+would make the borrower wait for the lender, which waits for the borrower.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+
+class DeviceLock:
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiting = 0
+        #: Holders that lent the lock, innermost last: (thread, depth) to give it back to.
+        self._lenders: list[tuple[int, int]] = []
+
+    def acquire(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            self._waiting += 1
+            try:
+                while self._owner is not None:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._owner, self._depth = me, 1
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("release of a device lock this thread does not hold")
+            self._depth -= 1
+            if self._depth:
+                return
+            # Straight back to the batch that lent it, before any other waiter.
+            self._owner, self._depth = self._lenders.pop() if self._lenders else (None, 0)
+            self._cond.notify_all()
+
+    def __enter__(self) -> DeviceLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    @property
+    def waiting(self) -> int:
+        """How many threads are waiting for the device."""
+        return self._waiting
+
+    @property
+    def wanted(self) -> bool:
+        """Another thread is waiting for the device."""
+        return self._waiting > 0
+
+    def lend(self) -> bool:
+        """From the holder: let a thread waiting for the device have it now, and return
+        once that thread has released it (True), or at once if none waits (False)."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me or not self._waiting:
+                return False
+            self._lenders.append((me, self._depth))
+            self._owner, self._depth = None, 0
+            self._cond.notify_all()
+            while self._owner != me:
+                self._cond.wait()
+            return True

@@ -1,0 +1,83 @@
+"""The device lock: one batch on the device at a time, re-entrant, and lent by the
+batch holding it to one waiting in the worker's other thread (gpu_workers/device_lock.py).
+Threads meet on the lock's own state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from dynamic_batching.gpu_workers.device_lock import DeviceLock
+
+T = 5.0
+
+
+def _until(check: Callable[[], bool]) -> None:
+    """Threads meet here: wait (up to T) for another thread to reach a state."""
+    reached = threading.Event()
+    for _ in range(int(T * 1000)):
+        if check():
+            return
+        reached.wait(0.001)
+    raise AssertionError("timed out")
+
+
+def test_re_entrant_and_one_holder_at_a_time() -> None:
+    lock = DeviceLock()
+    order: list[str] = []
+    with lock, lock:
+        t = threading.Thread(target=lambda: (lock.acquire(), order.append("other"), lock.release()))
+        t.start()
+        _until(lambda: lock.wanted)
+        order.append("holder")
+    t.join(T)
+    assert order == ["holder", "other"]
+    assert not lock.wanted
+
+
+def test_lend_with_nobody_waiting_returns_at_once() -> None:
+    lock = DeviceLock()
+    with lock:
+        assert lock.lend() is False
+    with pytest.raises(RuntimeError, match="does not hold"):
+        lock.release()
+
+
+def test_the_holder_lends_it_between_layers_and_gets_it_back_before_any_other_waiter() -> None:
+    lock = DeviceLock()
+    order: list[str] = []
+    borrower_in = threading.Event()
+    go_on = threading.Event()
+
+    def borrower() -> None:
+        with lock, lock:  # its batch, and its model call inside it
+            order.append("borrower runs")
+            borrower_in.set()
+            go_on.wait(T)
+
+    def third() -> None:
+        with lock:
+            order.append("third")
+
+    b, t3 = threading.Thread(target=borrower), threading.Thread(target=third)
+
+    def meanwhile() -> None:
+        # While the borrower has the device, a third batch starts waiting for it.
+        borrower_in.wait(T)
+        t3.start()
+        _until(lambda: lock.waiting == 1)
+        go_on.set()
+
+    helper = threading.Thread(target=meanwhile)
+    with lock, lock:  # a batch, and its model call
+        b.start()
+        _until(lambda: lock.wanted)
+        helper.start()
+        # Between two layers: lend, and resume once the borrower is done.
+        assert lock.lend() is True
+        order.append("lender resumes")
+    for t in (helper, b, t3):
+        t.join(T)
+    assert order == ["borrower runs", "lender resumes", "third"]
