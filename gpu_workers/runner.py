@@ -524,6 +524,9 @@ class DeviceRunner:
             "device": self.device_id,
             "padded_tokens": batch.get("padded_tokens") or 0,
             "run_ms": base["run_ms"],
+            # When the device took it up (Redis's clock, as the batch's dispatched_at):
+            # the collector learns from it how early to send a batch ahead.
+            "started_at": base["started_at"],
             # The collector's slow lane weighs its share of device time by these.
             "lane": batch.get("lane", "normal"),
         }

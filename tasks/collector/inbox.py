@@ -85,8 +85,12 @@ def parse_event(raw: bytes) -> dict[str, Any] | None:
     try:
         run_ms = float(body.get("run_ms") or 0)
         padded = int(body.get("padded_tokens") or 0)
+        started_at = None if body.get("started_at") is None else float(body["started_at"])
     except (TypeError, ValueError, OverflowError):
         return None
     if not (math.isfinite(run_ms) and run_ms >= 0 and padded >= 0) or not isinstance(body.get("batch_id"), str):
         return None
-    return {**body, "run_ms": run_ms, "padded_tokens": padded, "lane": str(body.get("lane") or "normal")}
+    if started_at is not None and not math.isfinite(started_at):
+        started_at = None
+    lane = str(body.get("lane") or "normal")
+    return {**body, "run_ms": run_ms, "padded_tokens": padded, "lane": lane, "started_at": started_at}

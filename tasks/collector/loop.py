@@ -280,7 +280,7 @@ class Collector:
         if kind == "done":
             # parse_event checked these fields' types.
             run_s = body["run_ms"] / 1000
-            self.slots.done(body["batch_id"], body["padded_tokens"], run_s)
+            self.slots.done(body["batch_id"], body["padded_tokens"], run_s, started_at=body["started_at"])
             self.slow_lane.ran(body["lane"], run_s)
         elif kind == "yielding":
             # The device runs other batches inside this one now: send it the next.
@@ -343,6 +343,7 @@ class Collector:
                 model=model,
                 requests=[i.id for i in batch.items],
                 devices=self.devices,
+                dispatched_at=body["dispatched_at"],
             )
             self.stats["dispatched_batches"] += 1
             self.stats["dispatched_requests"] += len(batch)

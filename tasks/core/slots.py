@@ -5,7 +5,7 @@ A batch sent ahead (COLLECTOR_BATCHES_AHEAD) is sent when a device is about to b
 free, not as soon as there is room for it: the collector predicts when each device
 frees from the batches outstanding and their learned costs, and sends the next batch
 `lead_s` before, the time a batch takes from here to running on a device, measured from
-the devices' own reports. Sent at once instead, it took whatever was waiting, one or two
+the devices' own reports of when they started a batch sent to them while free. Sent at once instead, it took whatever was waiting, one or two
 requests, and everything arriving while it waited behind the device's batch waited for
 the one after (measured: fewer texts a second with a batch ahead than without; issue 40).
 
@@ -55,14 +55,15 @@ class Slots:
     #: Send a batch ahead only when a device is predicted free within `lead_s`; off,
     #: as soon as there is room (a benchmark's baseline).
     timed: bool = True
-    #: From sending a batch to its device being able to start it, learned (an
-    #: exponentially weighted average, within `lead_bounds`) from each batch's
-    #: (reported done - predicted start - its run).
+    #: From sending a batch to its device starting it, learned (an exponentially
+    #: weighted average, within `lead_bounds`) from the batches sent to a free device:
+    #: their device reports when it started them (`done`), on the wall clock the batch
+    #: was stamped with when it was sent.
     lead_s: float = 0.005
-    lead_bounds: tuple[float, float] = (0.001, 0.05)
+    lead_bounds: tuple[float, float] = (0.0005, 0.05)
     leads_observed: int = 0
-    #: batch id -> when it was predicted to start on its device, at send.
-    predicted_start: dict[str, float] = field(default_factory=dict)
+    #: batch id -> when it was sent (wall clock), for batches sent to a free device.
+    hop_from: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.outstanding)
@@ -119,10 +120,11 @@ class Slots:
         model: str = "",
         requests: Sequence[str] = (),
         devices: int = 0,
+        dispatched_at: float | None = None,
     ) -> None:
         now = self.clock()
-        if self.timed:
-            self.predicted_start[batch_id] = max([now, *self._free_at(devices)[:1]])
+        if self.timed and dispatched_at is not None and all(at <= now for at in self._free_at(devices)[:1]):
+            self.hop_from[batch_id] = dispatched_at
         self.outstanding[batch_id] = (now, padded_tokens, model)
         self.requests[batch_id] = list(requests)
         if lane == "slow":
@@ -133,29 +135,30 @@ class Slots:
         if not isinstance(batch_id, str) or batch_id not in self.outstanding:
             return False
         self.background[batch_id] = self.outstanding.pop(batch_id)
-        self.predicted_start.pop(batch_id, None)  # its run now includes others': no measure of the hop
+        self.hop_from.pop(batch_id, None)
         return True
 
-    def done(self, batch_id: object, padded_tokens: int, run_s: float) -> bool:
-        """A device reported `batch_id` done; learns its cost. False if it was not ours
-        (sent by an earlier collector, or already reclaimed)."""
+    def done(self, batch_id: object, padded_tokens: int, run_s: float, *, started_at: float | None = None) -> bool:
+        """A device reported `batch_id` done, started at `started_at` (wall clock);
+        learns its cost, and the lead. False if it was not ours (sent by an earlier
+        collector, or already reclaimed)."""
         if not isinstance(batch_id, str):
             return False
         self.slow.pop(batch_id, None)
         self.requests.pop(batch_id, None)
-        predicted = self.predicted_start.pop(batch_id, None)
+        hop_from = self.hop_from.pop(batch_id, None)
         sent = self.outstanding.pop(batch_id, None) or self.background.pop(batch_id, None)
         if sent is None:
             return False
         self.costs_of(sent[2]).observe(padded_tokens, run_s)
-        if predicted is not None:
-            self._learn_lead(self.clock() - predicted - run_s)
+        if hop_from is not None and started_at is not None:
+            self._learn_lead(started_at - hop_from)
         return True
 
     def _learn_lead(self, seconds: float) -> None:
-        """The rest of a batch's time from send to its report, beyond its run: the hops
-        there and back and the device worker's own work. The first report is taken as
-        it is; later ones move the average a fifth of the way."""
+        """From send to start, for a batch sent to a free device: the hop to it and the
+        device worker's work before the run. The first is taken as it is; later ones
+        move the average a fifth of the way."""
         low, high = self.lead_bounds
         seconds = min(max(seconds, low), high)
         self.leads_observed += 1
@@ -171,7 +174,7 @@ class Slots:
             if now - sent > limit:
                 stale.append((batch_id, now - sent))
                 del self.outstanding[batch_id]
-                self.predicted_start.pop(batch_id, None)
+                self.hop_from.pop(batch_id, None)
         sent_at = {batch_id: sent for batch_id, (sent, _, _) in self.background.items()} | self.slow
         for batch_id, sent in sent_at.items():
             if now - sent > self.forget_after_s:

@@ -80,8 +80,13 @@ def test_to_item_without_deadline_from_the_future_and_slow() -> None:
 
 
 def test_parse_event_returns_the_event_dict() -> None:
-    event = {"kind": "done", "batch_id": "b1", "padded_tokens": 40, "run_ms": 12, "lane": "slow"}
+    event = {"kind": "done", "batch_id": "b1", "padded_tokens": 40, "run_ms": 12, "lane": "slow", "started_at": 5.5}
     assert parse_event(wire.event_message(event, EVENTS_QUEUE).encode()) == event
+    # A start of the wrong type drops the event, as any other field's would; one that is
+    # not a finite time is only not learned from.
+    assert parse_event(wire.event_message({**event, "started_at": "soon"}, EVENTS_QUEUE).encode()) is None
+    nan = parse_event(wire.event_message({**event, "started_at": float("nan")}, EVENTS_QUEUE).encode())
+    assert nan is not None and nan["started_at"] is None
     hello = {"kind": "hello", "device": "cpu:0"}
     assert parse_event(wire.event_message(hello, EVENTS_QUEUE).encode()) == hello
 

@@ -145,9 +145,8 @@ def test_a_batch_ahead_waits_until_its_device_is_predicted_free_within_the_lead(
     clock.advance(0.002)
     assert slots.free(devices=1, batches_ahead=1) == 1
     assert slots.next_free_at(devices=1, batches_ahead=1) is None  # due now, not later
-    # Sent, it is predicted to start when the first ends, and the room is used up.
+    # Sent, the room is used up.
     slots.sent("ahead", 100, model="m", devices=1)
-    assert slots.predicted_start["ahead"] == pytest.approx(0.1)
     assert slots.free(devices=1, batches_ahead=1) == 0
     assert slots.next_free_at(devices=1, batches_ahead=1) is None
 
@@ -175,20 +174,24 @@ def test_several_devices_are_predicted_from_the_batches_in_the_order_they_were_s
     assert slots.free(devices=2, batches_ahead=1) == 2
 
 
-def test_the_lead_is_learned_from_each_report_beyond_its_run_within_bounds() -> None:
+def test_the_lead_is_learned_from_batches_sent_to_a_free_device_within_bounds() -> None:
     clock = FakeClock(0.0)
     slots = _learned(clock)
-    slots.sent("a", 100, model="m", devices=1)
+    slots.sent("a", 100, model="m", devices=1, dispatched_at=500.0)
     clock.advance(0.13)
-    assert slots.done("a", 100, 0.1)
-    assert slots.lead_s == pytest.approx(0.03)  # the first report, as it is
-    slots.sent("b", 100, model="m", devices=1)
-    clock.advance(5.0)  # a report held up for seconds moves it only to the bound
-    assert slots.done("b", 100, 0.1)
-    assert slots.lead_s == pytest.approx(0.8 * 0.03 + 0.2 * slots.lead_bounds[1])
-    slots.sent("c", 100, model="m", devices=1)
-    assert slots.yielded("c")  # a batch that yields runs others' time too: no measure
-    clock.advance(0.2)
+    assert slots.done("a", 100, 0.1, started_at=500.003)
+    assert slots.lead_s == pytest.approx(0.003)  # the first report, as it is
+    slots.sent("b", 100, model="m", devices=1, dispatched_at=600.0)
+    assert slots.done("b", 100, 0.1, started_at=605.0)  # held up for seconds: only to the bound
+    assert slots.lead_s == pytest.approx(0.8 * 0.003 + 0.2 * slots.lead_bounds[1])
     lead = slots.lead_s
-    assert slots.done("c", 100, 0.1)
+    # Sent ahead, behind another batch: its start says nothing of the hop.
+    slots.sent("c", 100, model="m", devices=1, dispatched_at=700.0)
+    slots.sent("d", 100, model="m", devices=1, dispatched_at=700.0)
+    assert slots.done("d", 100, 0.1, started_at=700.1)
+    # A batch that yields, or a report without a start: no measure either.
+    assert slots.yielded("c")
+    assert slots.done("c", 100, 0.1, started_at=700.5)
+    slots.sent("e", 100, model="m", devices=1, dispatched_at=800.0)
+    assert slots.done("e", 100, 0.1)
     assert slots.lead_s == lead
