@@ -33,6 +33,12 @@ How a batch is built (docs/scheduling.md says it for operators, with measurement
    medium texts then share a batch; on a CPU, where padding costs what it computes,
    they stay about as the spreads keep them.
 
+6. *A fuller batch, when the device's fixed cost pays for the wait.* With that cost
+   model, a batch about to leave with fewer requests than arrive during one fixed cost
+   waits up to one fixed cost more for them (`_wait_s`): on a device where a batch of 3
+   costs nearly what a batch of 32 does, taking whatever is waiting wastes it. A lone
+   caller, or a request near its deadline, never waits for it.
+
 A batch never exceeds `max_batch_size` requests or `max_batch_tokens` *padded* tokens
 (count x longest), except a lone oversized request that the edge accepted to run alone.
 """
@@ -55,6 +61,28 @@ from .slowness import CostModel
 P = TypeVar("P")
 
 _PENDING, _TAKEN, _EXPIRED = 0, 1, 2
+
+
+class ArrivalRate:
+    """Requests a second over the last `window_s` of a clock."""
+
+    def __init__(self, clock: Callable[[], float], window_s: float = 0.5) -> None:
+        self._clock = clock
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def add(self) -> None:
+        now = self._clock()
+        self._times.append(now)
+        self._forget(now)
+
+    def per_s(self) -> float:
+        self._forget(self._clock())
+        return len(self._times) / self.window_s
+
+    def _forget(self, now: float) -> None:
+        while self._times and self._times[0] <= now - self.window_s:
+            self._times.popleft()
 
 
 @dataclass(eq=False, slots=True)
@@ -193,6 +221,8 @@ class Scheduler(Generic[P]):
         self._flush_requested = False
         #: Tokens served per tier since start: the fairness the metrics report.
         self.served_tokens: dict[str, int] = dict.fromkeys(PRIORITIES, 0)
+        #: How fast requests arrive now, for holding a batch to fill (`_wait_s`).
+        self.arrivals = ArrivalRate(clock)
 
     # --- what arrives -------------------------------------------------------------
 
@@ -210,6 +240,7 @@ class Scheduler(Generic[P]):
         if item.tokens < 1:
             raise ValueError(f"a request costs at least 1 token, got {item.tokens}")
         self._tiers[item.priority].add(item)
+        self.arrivals.add()
         if item.deadline is not None:
             heapq.heappush(self._deadlines, (item.deadline, next(self._seq), item))
 
@@ -276,16 +307,36 @@ class Scheduler(Generic[P]):
         assert oldest is not None
         # Compared as `next_wakeup` computes it: `now - enqueued_at >= max_wait_s` can be
         # False at exactly that reading (float rounding), so a waiter would wake to nothing.
-        if self._clock() >= oldest.enqueued_at + p.max_wait_s:
+        if self._clock() >= oldest.enqueued_at + self._wait_s(count):
             return "wait"
         return None
+
+    def _wait_s(self, count: int) -> float:
+        """How long the oldest request waits for others: the policy's max_wait, or, on a
+        device whose fixed cost per batch dominates, up to one fixed cost more while
+        requests are arriving fast enough to fill the batch meanwhile.
+
+        Why: sending n requests now runs at n / (F + n v) a second (F the batch's fixed
+        cost, v each request's); waiting a little longer while requests arrive at rate r
+        raises that as long as r F > n. So the batch waits while fewer than r F requests
+        wait, and never longer than F past max_wait (the latency it may cost is one fixed
+        cost): a lone caller (r F < 1) goes at once, and so does a near-deadline request."""
+        p = self._policy
+        costs = self.costs
+        if costs is None or not costs.warm or count >= p.max_batch_size or self._due(self._clock()) is not None:
+            return p.max_wait_s
+        line = costs.line()
+        fixed = line[0] if line is not None else 0.0
+        if fixed <= 0 or count >= self.arrivals.per_s() * fixed:
+            return p.max_wait_s
+        return p.max_wait_s + fixed
 
     def next_wakeup(self) -> float | None:
         """The clock reading at which `trigger` or `expire` next has news, if any."""
         times: list[float] = []
         oldest = self.oldest()
         if oldest is not None:
-            times.append(oldest.enqueued_at + self._policy.max_wait_s)
+            times.append(oldest.enqueued_at + self._wait_s(len(self)))
         deadline = self.next_deadline()
         if deadline is not None:
             times.append(deadline)

@@ -671,3 +671,76 @@ def test_one_batch_bound_with_short_aging(case: str) -> None:
     policy, arrivals = SHORT_AGING_COUNTEREXAMPLES[case]
     worst, who = worst_wait(policy, arrivals)
     assert worst <= policy.aging_s + max_batch_time(policy) + 1e-9, (who, worst)
+
+
+# --- holding a free device for a fuller batch (issue 40, item 4) ------------------------
+
+
+def _fixed_cost_device(fixed_s: float = 0.1) -> CostModel:
+    """A device whose batch costs `fixed_s` plus 0.1 ms a padded token."""
+    costs = CostModel()
+    for padded in (10, 100, 400, 40, 200, 20):
+        costs.observe(padded, fixed_s + padded * 1e-4)
+    return costs
+
+
+def _busy(s: Scheduler[None], clock: ManualClock, arrivals: int) -> None:
+    """`arrivals` requests over the last 0.4 s, all gone into a batch already."""
+    for i in range(arrivals):
+        clock.t = i * 0.4 / arrivals
+        s.add(item(at=clock.t))
+    while len(s):
+        assert s.next_batch(force=True) is not None
+
+
+def test_a_lone_caller_goes_at_once_even_on_a_device_with_a_large_fixed_cost() -> None:
+    s, clock = make()
+    s.costs = _fixed_cost_device()
+    s.add(item(at=clock.t))
+    assert s.trigger() == "wait"
+
+
+def test_while_requests_arrive_a_batch_waits_to_fill_as_long_as_the_wait_pays() -> None:
+    s, clock = make()
+    s.costs = _fixed_cost_device(0.1)
+    _busy(s, clock, 20)  # 40 a second: 4 arrive during one fixed cost
+    clock.t = 0.4
+    s.add(item(at=clock.t))
+    assert s.trigger() is None, "one request went alone while four more were due meanwhile"
+    assert s.next_wakeup() == pytest.approx(0.5)  # held one fixed cost at most
+    for k in range(4):
+        clock.t = 0.41 + k * 0.01
+        s.add(item(at=clock.t))
+    # Five waiting, and the rate now says five more per fixed cost: the wait stops paying.
+    assert s.trigger() == "wait"
+    batch = s.next_batch()
+    assert batch is not None and len(batch) == 5
+
+
+def test_a_held_batch_leaves_after_one_fixed_cost_whatever_arrives() -> None:
+    s, clock = make()
+    s.costs = _fixed_cost_device(0.1)
+    _busy(s, clock, 40)
+    clock.t = 0.4
+    s.add(item(at=clock.t))
+    assert s.trigger() is None
+    clock.t = 0.5
+    assert s.trigger() == "wait"
+
+
+def test_no_hold_for_a_request_near_its_deadline_nor_without_a_fixed_cost() -> None:
+    s, clock = make()
+    s.costs = _fixed_cost_device(0.1)
+    _busy(s, clock, 40)
+    clock.t = 0.4
+    s.add(item(at=clock.t, deadline=0.42))  # within the urgent margin
+    assert s.trigger() == "wait"
+    t, clock2 = make()
+    per_token_only = CostModel()
+    for padded in (10, 100, 400, 40, 200, 20):
+        per_token_only.observe(padded, padded * 1e-4)
+    t.costs = per_token_only
+    _busy(t, clock2, 40)
+    clock2.t = 0.4
+    t.add(item(at=clock2.t))
+    assert t.trigger() == "wait"
