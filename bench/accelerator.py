@@ -1,7 +1,7 @@
 """How busy the serving path keeps a fast device: the emulated accelerator (issue 40).
 
     .venv/bin/python bench/accelerator.py                       # 1, 16 and 64 callers
-    .venv/bin/python bench/accelerator.py --callers 64 --ahead 0 1 2
+    .venv/bin/python bench/accelerator.py --callers 64 --variants serial ahead timed overlap
     .venv/bin/python bench/accelerator.py --overhead-ms 10 --per-token-us 100
 
 On the process set `make run` starts (web, Flower, the collector and its standby, two
@@ -22,8 +22,10 @@ For each load it prints, per the devices' own record:
   best, computed from the spec's own cost);
 - p50 and p99 latency.
 
-`--ahead N ...` repeats each load with BATCHING_COLLECTOR_BATCHES_AHEAD = N (batches
-sent to a device beyond the one it runs), a system started afresh for each value.
+`--variants NAME ...` repeats each load with the overlap mechanisms on or off, a system
+started afresh for each (VARIANTS below): `serial` is the design before them (a device
+gets its next batch only after it reports done, and does everything in series),
+`overlap` is today's defaults.
 
 Then, in the same run and on the same emulated model, the two systems we compare
 against (bench/baselines/), each a prefork worker of 2 processes, so 2 emulated devices
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -52,6 +55,33 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MODEL = "minilm-gpu"
+
+#: Each mechanism on and off (docs/configuration.md): a batch sent ahead, sent only as a
+#: device is about to free (timed), and a device worker that prepares and writes one
+#: batch while another runs (overlap).
+VARIANTS = {
+    "serial": {"BATCHING_COLLECTOR_BATCHES_AHEAD": "0", "BATCHING_DEVICE_OVERLAP": "0"},
+    "ahead": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "0",
+        "BATCHING_DEVICE_OVERLAP": "0",
+    },
+    "timed": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
+        "BATCHING_DEVICE_OVERLAP": "0",
+    },
+    "overlap-untimed": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "0",
+        "BATCHING_DEVICE_OVERLAP": "1",
+    },
+    "overlap": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
+        "BATCHING_DEVICE_OVERLAP": "1",
+    },
+}
 
 
 def models_env(overhead_ms: float, per_token_us: float) -> str:
@@ -95,11 +125,16 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--callers", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--ahead", type=int, nargs="+", default=[0])
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["serial", "overlap"])
     ap.add_argument("--texts", type=int, default=1500, help="texts measured per load (after 100 to warm up)")
     ap.add_argument("--overhead-ms", type=float, default=10.0)
     ap.add_argument("--per-token-us", type=float, default=100.0)
+    ap.add_argument(
+        "--open-loop", type=float, default=1.2, help="also send at this many times the ceiling, open loop (0: not)"
+    )
     ap.add_argument("--no-baselines", dest="baselines", action="store_false")
+    ap.add_argument("--write", type=Path, help="put the table in this page, between its markers (make bench)")
+    ap.add_argument("--part", help="the markers' name (default: the device's two costs)")
     args = ap.parse_args()
 
     os.environ["BATCHING_MODELS"] = models_env(args.overhead_ms, args.per_token_us)
@@ -110,9 +145,10 @@ def main() -> None:
     from tqdm import tqdm
 
     from batching_site.celery import app
+    from bench.cpu import MachineCpu
     from bench.device_gaps import Ran, legs
     from bench.run_all import _publish_and_wait, make_run_system
-    from bench.workload import closed_loop, corpus
+    from bench.workload import closed_loop, corpus, open_loop
     from dynamic_batching.edge.client import submit
     from dynamic_batching.gpu_workers.models import get_spec
     from dynamic_batching.store import shared_state
@@ -124,21 +160,24 @@ def main() -> None:
     ids: list[str] = []
     lock = threading.Lock()
 
-    def call(text: str) -> None:
+    def send(text: str) -> Any:
         result = submit(text, model=MODEL)
-        result.get(timeout=120)
         with lock:
             ids.append(result.id)
+        return result
 
-    for ahead in args.ahead:
+    def call(text: str) -> None:
+        send(text).get(timeout=120)
+
+    for variant in args.variants:
         logs = Path(tempfile.mkdtemp(prefix="accelerator-"))
         system = make_run_system(
             None,
             logs,
             preload=MODEL,
             BATCHING_MODELS=os.environ["BATCHING_MODELS"],
-            BATCHING_COLLECTOR_BATCHES_AHEAD=str(ahead),
             LOG_LEVEL="WARNING",
+            **VARIANTS[variant],
         )
         with system:
             connect(system.redis_url)
@@ -146,13 +185,22 @@ def main() -> None:
             policy = policy.evolve(oversized="truncate", version=policy.version + 1)
             _publish_and_wait(shared_state, policy)
             closed_loop("warm-up", call, texts[:100], 16)
-            for callers in args.callers:
+            loads: list[tuple[str, Any]] = [(str(c), c) for c in args.callers]
+            if args.open_loop:
+                loads.append((f"open {args.open_loop}x", None))
+            for label, callers in loads:
                 ids.clear()
-                measured = texts[100 : 100 + (args.texts if callers > 1 else min(args.texts, 300))]
+                measured = texts[100 : 100 + (args.texts if callers != 1 else min(args.texts, 300))]
+                ceiling = ceiling_per_s(measured, spec, policy, len(shared_state.live_devices()) or 2)
                 before = {d: i.get("device_busy_s", 0.0) for d, i in shared_state.live_devices().items()}
                 t0 = time.monotonic()
-                with tqdm(total=len(measured), desc=f"ahead {ahead}, {callers} callers", unit="text") as bar:
-                    loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
+                cpu = MachineCpu()
+                with tqdm(total=len(measured), desc=f"{variant}, {label} callers", unit="text") as bar:
+                    if callers is None:
+                        loop = open_loop("measured", send, measured, args.open_loop * ceiling, on_done=bar.update)
+                    else:
+                        loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
+                cpu_share = cpu.busy_share()
                 # The next heartbeat carries the busy time up to the end.
                 time.sleep(1.1 * shared_state.HEARTBEAT_EVERY_S)
                 wall = time.monotonic() - t0
@@ -166,13 +214,11 @@ def main() -> None:
                         Ran(b["device"], b["started_at"], b["dispatched_at"], b["run_ms"] / 1000, b["batch_size"]),
                     )
                 gaps = legs(batches)["gap"]
-                rate = loop.requests / loop.wall_s
-                ceiling = ceiling_per_s(measured, spec, policy, len(after))
                 rows.append(
                     {
-                        "ahead": ahead,
-                        "callers": callers,
-                        "rate": rate,
+                        "variant": variant,
+                        "callers": label,
+                        "rate": loop.requests / loop.wall_s,
                         "ceiling": ceiling,
                         # Busy over the loop's own wall time (the heartbeat wait adds no busy time).
                         "duty": busy / (len(after) * loop.wall_s),
@@ -182,24 +228,78 @@ def main() -> None:
                         "p50_ms": statistics.median(loop.latencies_s) * 1000,
                         "p99_ms": pct(loop.latencies_s, 0.99) * 1000,
                         "wall": wall,
+                        "cpu": cpu_share,
                     }
                 )
-            if args.baselines and ahead == args.ahead[-1]:
+            if args.baselines and variant == args.variants[-1]:
                 rows += baselines(args, system.redis_url, spec, policy, texts)
-    print(
-        f"\nemulated accelerator: {args.overhead_ms} ms a batch + {args.per_token_us} us a padded token, "
-        f"2 devices, make run's process set, {os.cpu_count()} CPUs\n"
-    )
-    print(
-        "| batches ahead | callers | duty cycle | gap p50 ms | gap p99 ms | mean batch | texts/s | of ceiling | p50 ms | p99 ms |"
-    )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = render(rows, args, spec)
+    print("\n" + table)
+    if args.write:
+        write(args.write, args.part or f"{args.overhead_ms:g}ms-{args.per_token_us:g}us", table)
+        print(f"wrote {args.write}")
+
+
+def render(rows: list[dict[str, Any]], args: Any, spec: Any) -> str:
+    """The table of one device, and the issue's targets read off it."""
+    one = spec.overhead_s + statistics.median(spec.count_tokens(t) for t in texts_for_idle()) * spec.per_token_s
+    lines = [
+        f"Emulated device: {args.overhead_ms:g} ms a batch + {args.per_token_us:g} us a padded token, two of them; "
+        f"measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {os.cpu_count()} CPUs with "
+        f"`{shlex.join(['.venv/bin/python', 'bench/accelerator.py', *sys.argv[1:]])}`. "
+        "CPU busy: the share of the whole machine's CPUs busy during the load.",
+        "",
+        "| system | callers | duty cycle | gap p50 ms | gap p99 ms | mean batch | texts/s | of ceiling | p50 ms | p99 ms | CPU busy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        print(
-            f"| {r['ahead']} | {r['callers']} | {r['duty']:.2f} | {r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | "
+        lines.append(
+            f"| {r['variant']} | {r['callers']} | {r['duty']:.2f} | {r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | "
             f"{r['batch']:.1f} | {r['rate']:.0f} | {r['rate'] / r['ceiling']:.2f}x of {r['ceiling']:.0f} | "
-            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |".replace("nan", "n/a")
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r.get('cpu', float('nan')):.2f} |".replace("nan", "n/a")
         )
+    ours = [r for r in rows if r["variant"] == args.variants[-1]]
+    best = max((r for r in ours if r["callers"] != "1"), key=lambda r: r["rate"], default=None)
+    idle = next((r for r in ours if r["callers"] == "1"), None)
+    if best is not None:
+        lines += ["", f"Against the targets ({args.variants[-1]}, at its best load, {best['callers']} callers):", ""]
+        lines.append(f"- duty cycle {best['duty']:.2f} (target 0.9); gap p50 {best['gap_p50_ms']:.2f} ms (target 1 ms)")
+        lines.append(f"- {best['rate'] / best['ceiling']:.2f}x of the emulated ceiling (target 0.9x)")
+        for name, target in (("plain Celery", 5.0), ("celery-batches", 2.0)):
+            theirs = [r for r in rows if r["variant"].startswith(name)]
+            if theirs:
+                top = max(theirs, key=lambda r: r["rate"])
+                lines.append(
+                    f"- {best['rate'] / top['rate']:.1f}x {name}'s best ({top['rate']:.0f} texts/s at "
+                    f"{top['callers']} callers; target {target:g}x); p99 {best['p99_ms']:.0f} ms against "
+                    f"{top['p99_ms']:.0f} ms"
+                )
+        if idle is not None:
+            lines.append(
+                f"- idle p50 {idle['p50_ms']:.1f} ms against one median text's device time {one * 1000:.1f} ms "
+                f"+ 3 ms (target)"
+            )
+    return "\n".join(lines)
+
+
+def texts_for_idle() -> list[str]:
+    from bench.workload import corpus
+
+    return corpus(400)[100:]
+
+
+def write(doc: Path, part: str, table: str) -> None:
+    """Replace this device's section of `doc`, between its markers, or add it at the end."""
+    start = f"<!-- bench:accelerator:{part}:start (generated by bench/accelerator.py) -->"
+    end = f"<!-- bench:accelerator:{part}:end -->"
+    text = doc.read_text() if doc.exists() else ""
+    block = f"{start}\n{table}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    doc.write_text(text)
 
 
 def baselines(args: Any, redis_url: str, spec: Any, policy: Any, texts: list[str]) -> list[dict[str, Any]]:
@@ -208,6 +308,7 @@ def baselines(args: Any, redis_url: str, spec: Any, policy: Any, texts: list[str
 
     from bench.baselines import batches_app, plain_celery
     from bench.baselines.common import MODEL_ENV, Worker
+    from bench.cpu import MachineCpu
     from bench.workload import closed_loop
 
     base = redis_url.rsplit("/", 1)[0]
@@ -226,13 +327,15 @@ def baselines(args: Any, redis_url: str, spec: Any, policy: Any, texts: list[str
             closed_loop("warm-up", call, texts[:100], 16)
             for callers in args.callers:
                 measured = texts[100 : 100 + (args.texts if callers > 1 else min(args.texts, 300))]
+                cpu = MachineCpu()
                 with tqdm(total=len(measured), desc=f"{name}, {callers} callers", unit="text") as bar:
                     loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
+                cpu_share = cpu.busy_share()
                 one_each = sum(spec.overhead_s + spec.count_tokens(t) * spec.per_token_s for t in measured)
                 rows.append(
                     {
-                        "ahead": name,
-                        "callers": callers,
+                        "variant": name,
+                        "callers": str(callers),
                         "rate": loop.requests / loop.wall_s,
                         "ceiling": ceiling_per_s(measured, spec, policy, 2),
                         "duty": one_each / (2 * loop.wall_s) if module.endswith("plain_celery") else float("nan"),
@@ -242,6 +345,7 @@ def baselines(args: Any, redis_url: str, spec: Any, policy: Any, texts: list[str
                         "p50_ms": statistics.median(loop.latencies_s) * 1000,
                         "p99_ms": pct(loop.latencies_s, 0.99) * 1000,
                         "wall": loop.wall_s,
+                        "cpu": cpu_share,
                     }
                 )
     return rows

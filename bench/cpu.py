@@ -77,6 +77,11 @@ class MachineCpu:
         t = os.times()
         return busy, t.user + t.system + t.children_user + t.children_system, time.monotonic()
 
+    def busy_share(self) -> float:
+        """The share of the machine's CPUs that was busy since start, whoever used it."""
+        busy, _, now = self._read()
+        return round((busy - self.start[0]) / ((now - self.start[2]) * (os.cpu_count() or 1)), 3)
+
     def others_share(self) -> float:
         busy, own, now = self._read()
         total = (now - self.start[2]) * (os.cpu_count() or 1)

@@ -9,6 +9,7 @@ way N synchronous callers (web workers, say) would.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -100,6 +101,56 @@ def closed_loop(
     if errors:
         raise RuntimeError(f"{system}: {len(errors)} caller(s) failed") from errors[0]
     return Run(system, threads, len(latencies), wall, latencies, settings or {})
+
+
+def open_loop(
+    system: str,
+    send: Callable[[str], Any],
+    texts: Sequence[str],
+    rate_per_s: float,
+    *,
+    on_done: Callable[[int], Any] = lambda n: None,
+    getters: int = 8,
+) -> Run:
+    """Send the texts at `rate_per_s`, whatever comes back (arrivals do not wait for
+    answers, as a site's users do not); `send(text)` returns something whose `.get()`
+    blocks until its answer. Latency: from each text's scheduled send to its answer
+    read; wall: from the first send to the last answer."""
+    sent: queue.Queue[tuple[float, Any] | None] = queue.Queue()
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+
+    def getter() -> None:
+        while (item := sent.get()) is not None:
+            due, result = item
+            try:
+                result.get(timeout=300)
+            except BaseException as exc:  # noqa: BLE001 - counted, re-raised below
+                errors.append(exc)
+                continue
+            with lock:
+                latencies.append(time.perf_counter() - due)
+            on_done(1)
+
+    threads = [threading.Thread(target=getter, daemon=True) for _ in range(getters)]
+    for t in threads:
+        t.start()
+    start = time.perf_counter()
+    for i, text in enumerate(texts):
+        due = start + i / rate_per_s
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        sent.put((due, send(text)))
+    for _ in threads:
+        sent.put(None)
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{system}: {len(errors)} request(s) failed") from errors[0]
+    return Run(system, 0, len(latencies), wall, latencies, {"open_loop_rate_per_s": rate_per_s})
 
 
 def bulk(
