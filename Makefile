@@ -48,9 +48,15 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+# The emulated-accelerator sections of docs/benchmarks.md: a device slow enough that
+# two cores can feed it (against plain Celery and celery-batches), and a fast one they cannot.
+ACCELERATOR = --texts 1000 --callers 1 16 64
+
 bench: venv
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -r requirements-bench.txt
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/run_all.py
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/accelerator.py $(ACCELERATOR) --overhead-ms 50 --per-token-us 150 --write docs/benchmarks.md --part device-bound
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/accelerator.py $(ACCELERATOR) --overhead-ms 10 --per-token-us 100 --no-baselines --write docs/benchmarks.md --part cpu-bound
 
 clean:
 	rm -rf $(VENV) .run db.sqlite3
