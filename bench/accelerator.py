@@ -145,7 +145,7 @@ def main() -> None:
     from tqdm import tqdm
 
     from batching_site.celery import app
-    from bench.cpu import MachineCpu
+    from bench.cpu import MachineCpu, by_process
     from bench.device_gaps import Ran, legs
     from bench.run_all import _publish_and_wait, make_run_system
     from bench.workload import closed_loop, corpus, open_loop
@@ -195,12 +195,15 @@ def main() -> None:
                 before = {d: i.get("device_busy_s", 0.0) for d, i in shared_state.live_devices().items()}
                 t0 = time.monotonic()
                 cpu = MachineCpu()
+                procs = by_process(system.pids())
                 with tqdm(total=len(measured), desc=f"{variant}, {label} callers", unit="text") as bar:
                     if callers is None:
                         loop = open_loop("measured", send, measured, args.open_loop * ceiling, on_done=bar.update)
                     else:
                         loop = closed_loop("measured", call, measured, callers, on_done=bar.update)
                 cpu_share = cpu.busy_share()
+                spent = by_process(system.pids())
+                ms_by_process = {name: 1000 * (spent[name] - procs.get(name, 0.0)) / loop.requests for name in spent}
                 # The next heartbeat carries the busy time up to the end.
                 time.sleep(1.1 * shared_state.HEARTBEAT_EVERY_S)
                 wall = time.monotonic() - t0
@@ -229,6 +232,7 @@ def main() -> None:
                         "p99_ms": pct(loop.latencies_s, 0.99) * 1000,
                         "wall": wall,
                         "cpu": cpu_share,
+                        "ms_by_process": ms_by_process,
                     }
                 )
             if args.baselines and variant == args.variants[-1]:
@@ -269,11 +273,29 @@ def render(rows: list[dict[str, Any]], args: Any, spec: Any) -> str:
             theirs = [r for r in rows if r["variant"].startswith(name)]
             if theirs:
                 top = max(theirs, key=lambda r: r["rate"])
-                lines.append(
+                line = (
                     f"- {best['rate'] / top['rate']:.1f}x {name}'s best ({top['rate']:.0f} texts/s at "
-                    f"{top['callers']} callers; target {target:g}x); p99 {best['p99_ms']:.0f} ms against "
-                    f"{top['p99_ms']:.0f} ms"
+                    f"{top['callers']} callers; target {target:g}x)"
                 )
+                # Latency is compared at the same load: each closed-loop load of both.
+                same = [
+                    f"{c} callers {mine['p99_ms']:.0f} ms against {other['p99_ms']:.0f} ms"
+                    for mine in ours
+                    for other in theirs
+                    if (c := mine["callers"]) == other["callers"] and c != "1"
+                ]
+                lines.append(line + ("; p99 at " + ", ".join(same) if same else ""))
+        ms = best.get("ms_by_process")
+        if ms:
+            from bench.cpu import projected_ceiling
+
+            rate, bound = projected_ceiling(ms, 16, ["collector", "redis"])
+            top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])[:4])
+            lines.append(
+                f"- CPU: {sum(ms.values()):.1f} ms a text in all ({top}, ...); at that CPU a text, 16 cores "
+                f"could feed about {rate:.0f} texts/s (bound by {bound}), against the devices' ceiling of "
+                f"{best['ceiling']:.0f}"
+            )
         if idle is not None:
             lines.append(
                 f"- idle p50 {idle['p50_ms']:.1f} ms against one median text's device time {one * 1000:.1f} ms "

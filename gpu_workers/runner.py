@@ -446,12 +446,13 @@ class DeviceRunner:
         POISON_REDELIVERIES); any other it holds (one waiting for the device in the other
         thread, one it preempted) did nothing wrong and comes back as it was. Each goes to
         another live device's own queue: on the shared queue, this worker's consumer,
-        idle in its other thread, took its own hand-back and died with it."""
+        idle in its other thread, took its own hand-back and died with it. Then its
+        consumer's connection is closed, so that it takes nothing more in the moment
+        before the kill (a batch another device split that hand-back into, say)."""
         hung = self._running
         log.critical("device %s is hung inside a model call; handing its batches back and exiting", self.device_id)
         self._stop.set()  # no more heartbeats from a worker that cannot work
         try:
-            self.stop_taking()  # its consumer must not take what it hands back, or anything
             queue = self._elsewhere()
             for task_id, (batch, todo) in list(self._in_hand.items()):
                 tag = self.taken.tag_of(task_id)
@@ -465,6 +466,9 @@ class DeviceRunner:
                 # settle: dying between the two runs it twice, never loses it.
                 if tag is not None:
                     deliveries.settle(shared_state.client(), tag)
+            # Only now: a consumer whose connection closes hands back what it holds
+            # unacked (kombu restores it), and what was settled above is not there.
+            self.stop_taking()
         finally:
             self._die()
 

@@ -60,8 +60,8 @@ class DeviceStep(bootsteps.StartStopStep):
 
 def stop_taking(worker: Any) -> None:
     """Close the connection this worker's consumer waits for batch messages on, from
-    any thread, so that it takes no more: a hung worker calls it before it hands its
-    batches back and dies. With DEVICE_OVERLAP its other thread may be idle, and its
+    any thread, so that it takes no more: a hung worker calls it after it has handed its
+    batches back, just before it dies. With DEVICE_OVERLAP its other thread may be idle, and its
     consumer blocked in BRPOP on the shared queue; whatever the broker gave it in the
     moment before the kill was lost with it (measured: the halves another device split
     a hand-back into, 2 runs in 3, found again only by the ledger sweep). Redis forgets a
