@@ -49,7 +49,7 @@ lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 # The emulated-accelerator sections of docs/benchmarks.md: a device slow enough that
-# two cores can feed it (against plain Celery and celery-batches), and a fast one they cannot.
+# two cores can feed it (against plain Celery and celery-batches), and a faster one.
 ACCELERATOR = --texts 1000 --callers 1 16 64
 
 bench: venv
