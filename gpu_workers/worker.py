@@ -5,6 +5,8 @@ The project's app, with the `--device` and `--preload` options and the device's
 start-up step added in this process only.
 """
 
+from typing import Any
+
 from click import Option
 
 from dynamic_batching.conf import conf
@@ -18,11 +20,19 @@ app = configure_worker(get_app())
 # when it has room for one (prefetch 1 a thread), which is what makes dispatch
 # worker-pull. With DEVICE_OVERLAP, two threads: one batch prepares, or writes its
 # answers, while the other holds the device (gpu_workers/runner.py).
-app.conf.update(
-    worker_pool="threads" if conf.DEVICE_OVERLAP else "solo",
-    worker_concurrency=2 if conf.DEVICE_OVERLAP else 1,
-    worker_prefetch_multiplier=1,
-)
+
+
+def pool() -> dict[str, Any]:
+    """The device worker's pool settings under this process's DEVICE_OVERLAP."""
+    overlap = conf.DEVICE_OVERLAP
+    return {
+        "worker_pool": "threads" if overlap else "solo",
+        "worker_concurrency": 2 if overlap else 1,
+        "worker_prefetch_multiplier": 1,
+    }
+
+
+app.conf.update(pool())
 app.user_options["worker"].add(
     Option(["--device"], required=True, help="Run batches on this device (cuda:0, cpu:0, ...).")
 )
