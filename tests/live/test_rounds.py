@@ -76,7 +76,13 @@ def late_device_system() -> Iterator[LocalSystem]:
     system = LocalSystem(
         devices=["cpu:0"],
         preload="synthetic",
-        env={"BATCHING_COLLECTOR_BATCHES_AHEAD": "2", "SYNTHETIC_PER_TOKEN_S": "0.0002"},
+        # Three batches a device, all sent at once (untimed: timed, a batch ahead leaves
+        # only as the device is about to free, so one device would see no rounds).
+        env={
+            "BATCHING_COLLECTOR_BATCHES_AHEAD": "2",
+            "BATCHING_COLLECTOR_AHEAD_TIMED": "0",
+            "SYNTHETIC_PER_TOKEN_S": "0.0002",
+        },
     )
     try:
         system.start_redis()
