@@ -237,16 +237,16 @@ def main() -> None:
                 )
             if args.baselines and variant == args.variants[-1]:
                 rows += baselines(args, system.redis_url, spec, policy, texts)
-    table = render(rows, args, spec)
+    table = render(rows, args, spec, idle_texts=texts[100 : 100 + min(args.texts, 300)])
     print("\n" + table)
     if args.write:
         write(args.write, args.part or f"{args.overhead_ms:g}ms-{args.per_token_us:g}us", table)
         print(f"wrote {args.write}")
 
 
-def render(rows: list[dict[str, Any]], args: Any, spec: Any) -> str:
+def render(rows: list[dict[str, Any]], args: Any, spec: Any, *, idle_texts: list[str]) -> str:
     """The table of one device, and the issue's targets read off it."""
-    one = spec.overhead_s + statistics.median(spec.count_tokens(t) for t in texts_for_idle()) * spec.per_token_s
+    one = spec.overhead_s + statistics.median(spec.count_tokens(t) for t in idle_texts) * spec.per_token_s
     lines = [
         f"Emulated device: {args.overhead_ms:g} ms a batch + {args.per_token_us:g} us a padded token, two of them; "
         f"measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {os.cpu_count()} CPUs with "
@@ -302,12 +302,6 @@ def render(rows: list[dict[str, Any]], args: Any, spec: Any) -> str:
                 f"+ 3 ms (target)"
             )
     return "\n".join(lines)
-
-
-def texts_for_idle() -> list[str]:
-    from bench.workload import corpus
-
-    return corpus(400)[100:]
 
 
 def write(doc: Path, part: str, table: str) -> None:

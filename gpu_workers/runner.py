@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 class _Ran:
     """A batch after its run, before its answers are written (DeviceRunner._answer)."""
 
-    started: float
     live: list[dict[str, Any]]
     borrowed: bool
     run_s: float = 0.0
@@ -275,8 +274,10 @@ class DeviceRunner:
         borrowed = self.preempt.nested_until is not None and self.preempt.nested_until < until
         if borrowed:
             until = self.preempt.nested_until
-        late = [r for r in todo if self._late(r, started)]
-        live = [r for r in todo if not self._late(r, started)]
+        late: list[dict[str, Any]] = []
+        live: list[dict[str, Any]] = []
+        for r in todo:
+            (late if self._late(r, started) else live).append(r)
         outcomes = [
             Outcome(
                 r["id"],
@@ -287,7 +288,7 @@ class DeviceRunner:
         ]
         slow_lane = batch.get("lane") == "slow"
         t0 = self.preempt.own_clock()
-        ran = _Ran(started=started, live=live, borrowed=borrowed)
+        ran = _Ran(live=live, borrowed=borrowed)
 
         def answer_part(reqs: list[dict[str, Any]], results: list[Any]) -> None:
             base = self._base(batch, started, self.preempt.own_clock() - t0)

@@ -123,7 +123,8 @@ class Slots:
         dispatched_at: float | None = None,
     ) -> None:
         now = self.clock()
-        if self.timed and dispatched_at is not None and all(at <= now for at in self._free_at(devices)[:1]):
+        # Sent to a device already free: its start measures the hop alone.
+        if self.timed and dispatched_at is not None and min(self._free_at(devices), default=now) <= now:
             self.hop_from[batch_id] = dispatched_at
         self.outstanding[batch_id] = (now, padded_tokens, model)
         self.requests[batch_id] = list(requests)

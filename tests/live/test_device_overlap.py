@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from batches import batch_of
 from celery.result import AsyncResult
+from polling import poll_until
 
 from batching_site.celery import app
 from dynamic_batching.gpu_workers.models import synthetic
@@ -58,15 +59,6 @@ def _install(runner: DeviceRunner, model: Gated) -> None:
     runner._models["synthetic"] = model
 
 
-def _until(check: Any) -> None:
-    event = threading.Event()
-    for _ in range(int(T * 200)):
-        if check():
-            return
-        event.wait(0.005)
-    raise AssertionError("timed out")
-
-
 def test_the_next_batch_prepares_while_one_runs_and_waits_for_the_device(bare_runner: DeviceRunner) -> None:
     model = Gated()
     _install(bare_runner, model)
@@ -78,7 +70,7 @@ def test_the_next_batch_prepares_while_one_runs_and_waits_for_the_device(bare_ru
     t2 = threading.Thread(target=lambda: done.update(second=bare_runner.execute(second)))
     t2.start()
     # The second batch's host work happens while the first holds the device...
-    _until(lambda: "prepare second a" in model.log)
+    poll_until(lambda: "prepare second a" in model.log, "the second batch prepared", timeout=T)
     assert bare_runner._device.wanted
     assert "run second a" not in model.log
     model.go.set()
@@ -116,7 +108,7 @@ def test_a_hung_worker_hands_back_the_hung_batch_counted_and_the_waiting_one_as_
     threads[0].start()
     assert model.running.wait(T)
     threads[1].start()
-    _until(lambda: bare_runner._device.wanted)
+    poll_until(lambda: bare_runner._device.wanted, "a batch waiting for the device", timeout=T)
 
     bare_runner._hung()  # what the watchdog's thread calls
 

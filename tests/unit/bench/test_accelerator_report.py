@@ -26,7 +26,7 @@ def test_the_targets_compare_throughput_at_each_best_and_p99_at_the_same_load() 
     ]  # fmt: skip
     spec = SimpleNamespace(overhead_s=0.05, per_token_s=150e-6, count_tokens=lambda t: 15)
     args = SimpleNamespace(overhead_ms=50.0, per_token_us=150.0, variants=["serial", "overlap"])
-    text = accelerator.render(rows, args, spec)
+    text = accelerator.render(rows, args, spec, idle_texts=["a median text"])
     assert "| overlap | 64 | 0.90 |" in text and "| plain Celery | 64 | n/a |" in text
     assert (
         "6.0x plain Celery's best (30 texts/s at 64 callers; target 5x); p99 at 64 callers 600 ms against 2000 ms"

@@ -5,23 +5,13 @@ Threads meet on the lock's own state."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import pytest
+from polling import poll_until
 
 from dynamic_batching.gpu_workers.device_lock import DeviceLock
 
 T = 5.0
-
-
-def _until(check: Callable[[], bool]) -> None:
-    """Threads meet here: wait (up to T) for another thread to reach a state."""
-    reached = threading.Event()
-    for _ in range(int(T * 1000)):
-        if check():
-            return
-        reached.wait(0.001)
-    raise AssertionError("timed out")
 
 
 def test_re_entrant_and_one_holder_at_a_time() -> None:
@@ -30,7 +20,7 @@ def test_re_entrant_and_one_holder_at_a_time() -> None:
     with lock, lock:
         t = threading.Thread(target=lambda: (lock.acquire(), order.append("other"), lock.release()))
         t.start()
-        _until(lambda: lock.wanted)
+        poll_until(lambda: lock.wanted, "a waiter", timeout=T)
         order.append("holder")
     t.join(T)
     assert order == ["holder", "other"]
@@ -67,13 +57,13 @@ def test_the_holder_lends_it_between_layers_and_gets_it_back_before_any_other_wa
         # While the borrower has the device, a third batch starts waiting for it.
         borrower_in.wait(T)
         t3.start()
-        _until(lambda: lock.waiting == 1)
+        poll_until(lambda: lock.waiting == 1, "the third waiter", timeout=T)
         go_on.set()
 
     helper = threading.Thread(target=meanwhile)
     with lock, lock:  # a batch, and its model call
         b.start()
-        _until(lambda: lock.wanted)
+        poll_until(lambda: lock.wanted, "a waiter", timeout=T)
         helper.start()
         # Between two layers: lend, and resume once the borrower is done.
         assert lock.lend() is True
