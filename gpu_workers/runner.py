@@ -114,8 +114,8 @@ class DeviceRunner:
         #: for an input that was too slow with no batch-mate to compare it with.
         self._reference: dict[str, dict[str, Any]] = {}
         self.watchdog = Watchdog(on_hung=self._hung)
-        #: The batch being run and its requests to run, for `_hung`.
-        self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+        #: The batch being run (its task id, body and requests to run), for `_hung`.
+        self._running: tuple[str, dict[str, Any], list[dict[str, Any]]] | None = None
         #: Every batch this worker holds now, by task id: with DEVICE_OVERLAP one may wait for
         #: the device, or write its answers, while another runs; for `_hung`.
         self._in_hand: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
@@ -185,12 +185,18 @@ class DeviceRunner:
     # --- one batch ------------------------------------------------------------------
 
     def execute(
-        self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None
+        self,
+        batch: dict[str, Any],
+        *,
+        redelivered: bool = False,
+        counts: bool = True,
+        task_id: str | None = None,
     ) -> dict[str, Any]:
         """Run one batch. A first delivery (as the broker says) skips asking which
         requests are already answered: none can be. One that came back (redelivered by
         the broker, or handed back by a device) is counted, and may be split first
-        (`_came_back`).
+        (`_came_back`); one redelivered that `counts` not (its worker died while another
+        batch held the device: gpu_workers/taken.py) runs as it is.
 
         With DEVICE_OVERLAP, a device worker holds two batches at once in two threads
         (gpu_workers/worker.py): what one does before and after its run (decoding and
@@ -202,19 +208,19 @@ class DeviceRunner:
         requests: list[dict[str, Any]] = batch["requests"]
         came_back = redelivered or bool(batch.get("came_back"))
         todo = self._unanswered(requests) if came_back or batch.get("bounces") else list(requests)
-        if came_back:
-            reply = self._came_back(batch, todo, task_id if redelivered else None)
+        if came_back and (counts or batch.get("came_back")):
+            reply = self._came_back(batch, todo, task_id if redelivered and counts else None)
             if reply is not None:
                 return reply
         # By its task id, as the broker's delivery is noted (a bounced batch's differs).
         held_as = task_id or batch["batch_id"]
         self._in_hand[held_as] = (batch, todo)
         try:
-            return self._execute(batch, todo)
+            return self._execute(batch, todo, held_as)
         finally:
             self._in_hand.pop(held_as, None)
 
-    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> dict[str, Any]:
+    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]], held_as: str) -> dict[str, Any]:
         started = clock.now()  # Redis's clock, as the edge set the deadlines
         waiting_since = time.monotonic()
         if todo and self.app.conf.task_track_started:
@@ -225,12 +231,15 @@ class DeviceRunner:
             # What waiting for the device took counts against the deadlines.
             started += time.monotonic() - waiting_since
             # A batch that preempts another runs inside it: restore the one it interrupted.
-            outer, self._running = self._running, (batch, todo)
+            outer, self._running = self._running, (held_as, batch, todo)
+            # Before the run: if it kills this worker, this batch alone comes back counted.
+            self.taken.on_device(held_as)
             try:
                 with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
                     ran = self._on_device(batch, todo, started)
             finally:
                 self._running = outer
+                self.taken.on_device(outer[0] if outer is not None else None)
         return ran if isinstance(ran, dict) else self._answer(batch, todo, ran)
 
     def _yield_after(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> float | None:
@@ -459,7 +468,7 @@ class DeviceRunner:
                 tag = self.taken.tag_of(task_id)
                 self.taken.finished(task_id)
                 left = self._unanswered(todo)
-                if left and hung is not None and batch is hung[0]:
+                if left and hung is not None and batch is hung[1]:
                     self._hand_back(batch, left, "h", "the device hung", queue=queue)
                 elif left:
                     self._hand_back(batch, left, "w", "it waited on a device that hung", counts=False, queue=queue)

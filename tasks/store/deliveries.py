@@ -11,7 +11,9 @@ A batch message is acked only once answered, so one held by a device worker that
 killed stays with the broker, unacked, until the visibility timeout hands it out again.
 Each device worker notes the delivery tags it holds under its device id, and one
 started under the same id (supervisord or docker restarts it in place) hands them back
-at once (gpu_workers/taken.py).
+at once (gpu_workers/taken.py). A worker that holds two batches (DEVICE_OVERLAP) also
+notes which of them is on its device: only that one can have killed it, so only that
+one comes back counted.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from collections.abc import Sequence
 
 import redis
 
-from ..protocol.names import UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key, taken_key
+from ..protocol.names import (
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+    UNCOUNTED_HEADER,
+    on_device_key,
+    redeliveries_key,
+    taken_key,
+)
 
 #: A counter outlives any redelivery by far; it only has to outlive the batch.
 KEEP_S = 3600
@@ -42,15 +51,31 @@ def count(r: redis.Redis, task_id: str, *, nonce: str | None = None) -> int:
     return int(pipe.execute()[2])
 
 
-def hold(r: redis.Redis, holder: str, tag: str) -> None:
+def hold(r: redis.Redis, holder: str, tag: str, *, on_device: str | None = None) -> None:
     """`holder` has taken the batch message with delivery tag `tag`: noted with the time
     the broker recorded that delivery (its unacked index score), which tells this
-    delivery from a later one of the same message under the same tag."""
+    delivery from a later one of the same message under the same tag. In the same round
+    trip, the tag of the batch on its device now (`on_device`; None: none is)."""
     score = r.zscore(UNACKED_INDEX_KEY, tag)
     pipe = r.pipeline(transaction=False)
     pipe.hset(taken_key(holder), tag, "" if score is None else repr(score))
     pipe.expire(taken_key(holder), KEEP_S)
+    _note_on_device(pipe, holder, on_device)
     pipe.execute()
+
+
+def note_on_device(r: redis.Redis, holder: str, tag: str | None) -> None:
+    """The batch under `tag` is on `holder`'s device now (None: none is)."""
+    pipe = r.pipeline(transaction=False)
+    _note_on_device(pipe, holder, tag)
+    pipe.execute()
+
+
+def _note_on_device(pipe: redis.client.Pipeline, holder: str, tag: str | None) -> None:
+    if tag is None:
+        pipe.delete(on_device_key(holder))
+    else:
+        pipe.set(on_device_key(holder), tag, ex=KEEP_S)
 
 
 def release(r: redis.Redis, holder: str, tag: str) -> None:
@@ -71,28 +96,32 @@ def settle(r: redis.Redis, tag: str) -> None:
     pipe.execute()
 
 
-def held(r: redis.Redis, holder: str) -> dict[str, float | None]:
+def held(r: redis.Redis, holder: str) -> tuple[dict[str, float | None], str | None]:
     """The tags `holder` took and never released, with the delivery time noted for
-    each (None where there was none); forgets them."""
+    each (None where there was none), and the tag last noted as on its device (None:
+    none); forgets them."""
     pipe = r.pipeline(transaction=True)
     pipe.hgetall(taken_key(holder))
-    pipe.delete(taken_key(holder))
-    rows = pipe.execute()[0]
+    pipe.get(on_device_key(holder))
+    pipe.delete(taken_key(holder), on_device_key(holder))
+    rows, device = pipe.execute()[:2]
     out: dict[str, float | None] = {}
     for tag, score in rows.items():
         tag = tag.decode() if isinstance(tag, bytes) else tag
         score = score.decode() if isinstance(score, bytes) else score
         out[tag] = float(score) if score else None
-    return dict(sorted(out.items()))
+    device = device.decode() if isinstance(device, bytes) else device
+    return dict(sorted(out.items())), device
 
 
-def restore(r: redis.Redis, tag: str, delivered_at: float) -> bool:
+def restore(r: redis.Redis, tag: str, delivered_at: float, *, counts: bool = True) -> bool:
     """Put the message unacked under `tag` back on its queue, marked redelivered, as
     kombu's `restore_by_tag` does, but only if it is still the delivery that was noted
     (the same score in the unacked index) and all in one transaction. kombu keeps a
     message's delivery tag for life: after the visibility timeout handed it to another,
     live device, the tag is the same and only the score tells the two deliveries apart
-    (issue 41, finding 6). Returns whether it restored the message."""
+    (issue 41, finding 6). One that `counts` not (it was not on its device when its
+    worker died) carries UNCOUNTED_HEADER. Returns whether it restored the message."""
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -109,6 +138,8 @@ def restore(r: redis.Redis, tag: str, delivered_at: float) -> bool:
                     pipe.unwatch()
                     return False
                 payload.setdefault("headers", {})["redelivered"] = True
+                if not counts:
+                    payload["headers"][UNCOUNTED_HEADER] = True
                 payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
                 pipe.multi()
                 # kombu's consumers pop from the right: a restored message goes next.

@@ -27,7 +27,7 @@ from dynamic_batching.gpu_workers.taken import Taken
 from dynamic_batching.gpu_workers.task import run_batch
 from dynamic_batching.protocol import wire
 from dynamic_batching.protocol.app import transport_options
-from dynamic_batching.protocol.names import BATCH_QUEUE, UNACKED_KEY, redeliveries_key
+from dynamic_batching.protocol.names import BATCH_QUEUE, UNACKED_KEY, UNCOUNTED_HEADER, on_device_key, redeliveries_key
 from dynamic_batching.store import deliveries, ledger, shared_state
 
 
@@ -242,6 +242,92 @@ def test_a_killed_workers_batch_goes_back_when_a_worker_starts_under_its_device_
         # Another worker's notes, and a second start, hand back nothing.
         assert Taken(app, "cpu:9@another-host").reclaim() == 0
         assert Taken(app, holder).reclaim() == 0
+
+
+@pytest.mark.parametrize("noted_by", ["the second batch's note", "the device's note"])
+def test_of_two_batches_held_by_a_killed_worker_only_the_one_on_its_device_comes_back_counted(
+    bare_runner: DeviceRunner, noted_by: str
+) -> None:
+    # Issue 40: with DEVICE_OVERLAP a worker holds two batches. An input that kills it
+    # kills it on the device; the other batch (waiting for the device, or writing its
+    # answers) came back counted too, and an innocent lone request that twice shared a
+    # worker with a crashing one was answered WorkerCrashed.
+    on_device, other = batch_of(["on the device", "its batch-mate"]), batch_of(["innocent, alone"])
+    for b in (on_device, other):
+        resend.resend(app, b, b["batch_id"])
+    holder = "cpu:9@a-host"
+    dead = Taken(app, holder)
+    with app.connection_for_read(transport_options=transport_options()) as conn:
+        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
+        first, second = queue.get(no_ack=False), queue.get(no_ack=False)
+        tags = {first.headers["id"]: first.delivery_tag, second.headers["id"]: second.delivery_tag}
+        if noted_by == "the second batch's note":
+            # One on the device when the consumer takes the next.
+            dead.took(on_device["batch_id"], tags[on_device["batch_id"]])
+            dead.on_device(on_device["batch_id"])
+            dead.took(other["batch_id"], tags[other["batch_id"]])
+        else:
+            # The other waited its turn, then wrote its answers while this one ran.
+            dead.took(other["batch_id"], tags[other["batch_id"]])
+            dead.took(on_device["batch_id"], tags[on_device["batch_id"]])
+            dead.on_device(other["batch_id"])
+            dead.on_device(None)
+            dead.on_device(on_device["batch_id"])
+        # kill -9. The successor hands both back at once.
+        assert Taken(app, holder).reclaim() == 2
+
+    runner_module.install(bare_runner)
+    try:
+        with app.connection_for_read(transport_options=transport_options()) as conn:
+            queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
+            for _ in range(2):
+                bare_runner.preempt._run(queue.get(no_ack=False))  # as the worker runs a message
+    finally:
+        runner_module.install(None)
+    r = shared_state.client()
+    assert r.scard(redeliveries_key(on_device["batch_id"])) == 1, "the batch on the device came back once"
+    assert r.scard(redeliveries_key(other["batch_id"])) == 0, "the innocent batch was counted"
+    [req] = other["requests"]
+    assert outcome(req).get(timeout=5) == synthetic.embed(req["input"]), "it ran as it was"
+    assert [b["batch_id"] for b in queued_batches()] == [f"{on_device['batch_id']}.{s}" for s in "ab"], "split"
+
+
+def test_a_device_worker_holding_two_batches_notes_the_one_it_runs_before_running_it(bare_runner: DeviceRunner) -> None:
+    running, waiting = batch_of(["runs"]), batch_of(["waits"])
+    bare_runner.taken.took(running["batch_id"], "tag-of-running")
+    bare_runner.taken.took(waiting["batch_id"], "tag-of-waiting")
+    seen: list[bytes | None] = []
+    run = bare_runner.model("synthetic").run_batch
+
+    def noting(inputs: list[Any]) -> list[Any]:
+        seen.append(shared_state.client().get(on_device_key(bare_runner.device_id)))
+        return run(inputs)
+
+    bare_runner.model("synthetic").run_batch = noting  # type: ignore[method-assign]
+    bare_runner.execute(running, task_id=running["batch_id"])
+    assert seen == [b"tag-of-running"]
+
+
+def test_a_lone_batch_held_by_a_killed_worker_comes_back_counted_whatever_the_note(bare_runner: DeviceRunner) -> None:
+    # The note only tells two batches apart: a stale one (naming a batch finished
+    # since) never lets the batch that was there go uncounted.
+    stale, lone = batch_of(["finished before"]), batch_of(["held alone"])
+    for b in (stale, lone):
+        resend.resend(app, b, b["batch_id"])
+    holder = "cpu:9@a-host"
+    dead = Taken(app, holder)
+    with app.connection_for_read(transport_options=transport_options()) as conn:
+        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
+        first, second = queue.get(no_ack=False), queue.get(no_ack=False)
+        dead.took(first.headers["id"], first.delivery_tag)
+        dead.took(second.headers["id"], second.delivery_tag)
+        dead.on_device(stale["batch_id"])
+        dead.finished(stale["batch_id"])
+        dead.on_device(lone["batch_id"])  # alone now: nothing noted
+        assert Taken(app, holder).reclaim() == 1
+        [raw] = shared_state.client().lrange(BATCH_QUEUE, 0, -1)
+        assert wire.body(raw)[0][0]["batch_id"] == lone["batch_id"]
+        assert UNCOUNTED_HEADER not in json.loads(raw)["headers"]
 
 
 def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhere(bare_runner: DeviceRunner) -> None:
