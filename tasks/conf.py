@@ -142,7 +142,7 @@ KEYS: dict[str, Key] = {
     #: Requests the collector holds per tier before it stops taking from that queue.
     "COLLECTOR_WINDOW": Key(256, int, (_at_least(1), "at least 1")),
     #: Batches queued per device beyond the one it runs, each sent as the device is about to free.
-    "COLLECTOR_BATCHES_AHEAD": Key(0, int, (_at_least(0), "0 or more")),
+    "COLLECTOR_BATCHES_AHEAD": Key(1, int, (_at_least(0), "0 or more")),
     #: Off: a batch ahead leaves as soon as there is room for it (a benchmark's baseline).
     "COLLECTOR_AHEAD_TIMED": Key(True, _bool),
     #: "pull" (the design) or "push" (bench/devices_bench.py's baseline only).
@@ -154,9 +154,7 @@ KEYS: dict[str, Key] = {
     # --- Device workers --------------------------------------------------------------------
     #: A device worker holds two batches: one is prepared, or writes its answers, while
     #: the other runs (it takes the batch sent ahead: COLLECTOR_BATCHES_AHEAD).
-    #: Off by default: a worker killed with two batches gets both counted as having
-    #: come back, and an innocent lone request can reach POISON_REDELIVERIES (issue 40).
-    "DEVICE_OVERLAP": Key(False, _bool),
+    "DEVICE_OVERLAP": Key(True, _bool),
     #: Device failures in a row that open a device's circuit, and how long it stays open.
     "CIRCUIT_THRESHOLD": Key(3, int, (_at_least(1), "at least 1")),
     "CIRCUIT_COOLDOWN_S": Key(30.0, float, (_positive, "a positive number of seconds")),

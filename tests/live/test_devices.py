@@ -34,10 +34,10 @@ def test_device_worker_pulls_from_shared_and_own_queue_one_batch_a_thread() -> N
     assert cmd[cmd.index("-Q") + 1] == ",".join([*SHARED_BATCH_QUEUES, device_queue_name("cuda:1")])
     # The pool is the worker's own, from DEVICE_OVERLAP, not the command line's.
     assert "-P" not in cmd and "-c" not in cmd
-    assert worker.pool() == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
-    assert worker.app.conf.worker_pool == "solo" and worker.app.conf.worker_concurrency == 1
-    with override_settings(BATCHING={"DEVICE_OVERLAP": True}):
-        assert worker.pool() == {"worker_pool": "threads", "worker_concurrency": 2, "worker_prefetch_multiplier": 1}
+    assert worker.pool() == {"worker_pool": "threads", "worker_concurrency": 2, "worker_prefetch_multiplier": 1}
+    assert worker.app.conf.worker_pool == "threads" and worker.app.conf.worker_concurrency == 2
+    with override_settings(BATCHING={"DEVICE_OVERLAP": False}):
+        assert worker.pool() == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
 
 
 def test_devices_setting_wins_else_every_cuda_device_else_two_cpus() -> None:
