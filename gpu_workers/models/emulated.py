@@ -1,6 +1,6 @@
 """An emulated accelerator: a device whose batches cost what a datacenter GPU's would,
 to measure how busy the serving path keeps a fast device on a machine without one
-(issue 40; docs/benchmarks.md, "On an accelerator").
+(issue 40; docs/benchmarks.md, "What batching buys on an accelerator (emulated)").
 
     BATCHING["MODELS"]["minilm-gpu"] = {
         "spec": "dynamic_batching.gpu_workers.models.emulated.EmulatedAcceleratorSpec",
