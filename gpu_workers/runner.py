@@ -208,8 +208,8 @@ class DeviceRunner:
         requests: list[dict[str, Any]] = batch["requests"]
         came_back = redelivered or bool(batch.get("came_back"))
         todo = self._unanswered(requests) if came_back or batch.get("bounces") else list(requests)
-        if came_back and (counts or batch.get("came_back")):
-            reply = self._came_back(batch, todo, task_id if redelivered and counts else None)
+        if came_back:
+            reply = self._came_back(batch, todo, task_id if redelivered else None, counts=counts)
             if reply is not None:
                 return reply
         # By its task id, as the broker's delivery is noted (a bounced batch's differs).
@@ -391,7 +391,7 @@ class DeviceRunner:
         return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until, on_part=on_part)
 
     def _came_back(
-        self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None
+        self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None, *, counts: bool = True
     ) -> dict[str, Any] | None:
         """A batch that did not finish before: the broker redelivered it (its worker
         died running it: a segfault, an out-of-memory kill), or a device handed it back
@@ -401,13 +401,16 @@ class DeviceRunner:
         fault ends up alone; a lone request that came back POISON_REDELIVERIES times
         gets its own error. None: run it (again) here. One with every request already
         answered (its worker died between the last answer and the ack) is counted and
-        done."""
+        done. One the broker redelivered that `counts` not (it was not on the device when
+        its worker died: gpu_workers/taken.py) is not counted, and runs as it is."""
         times = int(batch.get("handed_back") or 0)
-        if redelivered_as is not None:
+        if redelivered_as is not None and counts:
             times += deliveries.count(shared_state.client(), redelivered_as)
         reply = {"batch_id": batch["batch_id"], "device": self.device_id, "redeliveries": times}
         if not todo:
             return {**reply, "written": 0, "skipped": len(batch["requests"])}
+        if redelivered_as is not None and not counts:
+            return None
         if len(todo) > 1:
             mid = len(todo) // 2
             for suffix, requests in (("a", todo[:mid]), ("b", todo[mid:])):

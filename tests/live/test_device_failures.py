@@ -292,6 +292,27 @@ def test_of_two_batches_held_by_a_killed_worker_only_the_one_on_its_device_comes
     assert [b["batch_id"] for b in queued_batches()] == [f"{on_device['batch_id']}.{s}" for s in "ab"], "split"
 
 
+def test_a_batch_back_uncounted_with_every_request_answered_is_done_without_running(bare_runner: DeviceRunner) -> None:
+    # Its worker wrote its answers, then died (running the other batch) before the ack.
+    batch = batch_of(["answered, not acked"])
+    bare_runner.execute(batch)
+    summary = bare_runner.execute(batch, redelivered=True, counts=False, task_id="answered-uncounted")
+    assert summary == {
+        "batch_id": batch["batch_id"],
+        "device": bare_runner.device_id,
+        "redeliveries": 0,
+        "written": 0,
+        "skipped": 1,
+    }
+    assert not shared_state.client().exists(redeliveries_key("answered-uncounted"))
+
+
+def test_a_batch_back_uncounted_runs_whole_not_split(bare_runner: DeviceRunner) -> None:
+    batch = batch_of(["one", "two", "three"])
+    summary = bare_runner.execute(batch, redelivered=True, counts=False, task_id="waited-uncounted")
+    assert summary["written"] == 3 and "split" not in summary and queued_batches() == []
+
+
 def test_a_device_worker_holding_two_batches_notes_the_one_it_runs_before_running_it(bare_runner: DeviceRunner) -> None:
     running, waiting = batch_of(["runs"]), batch_of(["waits"])
     bare_runner.taken.took(running["batch_id"], "tag-of-running")
