@@ -50,7 +50,7 @@ def flower_command(*, port: int = 5555, behind_proxy: bool = False) -> list[str]
 class Proxy:
     """Where the local front door listens and keeps its state."""
 
-    #: HTTPS, the site and Flower under /flower/.
+    #: HTTPS: the site, and Flower under /flower/ on its own host name.
     https_port: int
     #: Plain HTTP, which only redirects to HTTPS.
     http_port: int
@@ -58,6 +58,11 @@ class Proxy:
     data_dir: str
     #: The name browsers use; localhost gets a certificate from Caddy's own CA.
     site: str = "localhost"
+
+    @property
+    def flower_site(self) -> str:
+        """Flower's own host name, another origin than the site's (issue 42, finding 10)."""
+        return f"flower.{self.site}"
 
 
 def proxy_command(proxy: Proxy, *, web_port: int, flower_port: int | None) -> list[str]:
@@ -68,6 +73,8 @@ def proxy_command(proxy: Proxy, *, web_port: int, flower_port: int | None) -> li
         # The port in the address, not in Caddy's https_port: Caddy takes a changed
         # https_port to mean that 443 is forwarded to it, and redirects to 443.
         "SITE_ADDRESS": f"{proxy.site}:{proxy.https_port}",
+        # Flower's own host name (*.localhost is this machine, for browsers).
+        "FLOWER_ADDRESS": f"{proxy.flower_site}:{proxy.https_port}",
         "HTTP_PORT": str(proxy.http_port),
         "PROXY_BIND": "127.0.0.1",
         "WEB_UPSTREAM": f"127.0.0.1:{web_port}",

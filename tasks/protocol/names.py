@@ -143,6 +143,9 @@ def in_flight_key(owner: str, priority: str) -> str:
 #: (batching_site/logins.py).
 LOGIN_FAILURES_PREFIX = PREFIX + "login_failures:"
 
+#: String per ticket nonce: a ticket to Flower's host name, used (batching_site/gate.py).
+FLOWER_TICKETS_PREFIX = PREFIX + "flower_tickets:"
+
 #: Sorted set: owner -> when it last had a request admitted (the dashboard's clients).
 OWNERS_INDEX_KEY = PREFIX + "owners"
 

@@ -77,6 +77,10 @@ MATRIX: dict[str, Row] = {
     # stands for every admin URL.
     "admin/": Row("GET", lambda a: "/admin/", each(302, 302, 302, 200, 302, 302)),
     "auth/staff": Row("GET", lambda a: "/auth/staff", each(401, 403, 403, 204, 401, 401)),
+    # Staff go on to Flower's host name with a ticket; anybody else logs in first, or not.
+    "auth/flower": Row("GET", lambda a: "/auth/flower", each(302, 403, 403, 302, 302, 302)),
+    # Only on Flower's host name, and only with a ticket (tests/live/test_flower_host.py).
+    "_staff/enter": Row("GET", lambda a: "/_staff/enter", each(404, 404, 404, 404, 404, 404)),
     "login/": Row("GET", lambda a: "/login/", each(200, 200, 200, 200, 200, 200)),
     # Last: it ends the sessions the rows above used.
     "logout/": Row("POST", lambda a: "/logout/", each(302, 302, 302, 302, 302, 302), {}),

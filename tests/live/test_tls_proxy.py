@@ -14,9 +14,9 @@ skips and says why.
 from __future__ import annotations
 
 import http.client
-import re
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -33,17 +33,30 @@ pytestmark = pytest.mark.live
 STAFF = ("door-staff", secrets.token_urlsafe(16))
 
 
-def https_status(system: LocalSystem, path: str, method: str = "GET") -> int:
-    """One request through the proxy, certificate unchecked (the CA is minutes old)."""
+class _Loopback(http.client.HTTPSConnection):
+    """HTTPS to this machine under any host name (*.localhost resolves in browsers, not
+    in glibc): the name goes in the TLS handshake (SNI) and the Host header."""
+
+    def connect(self) -> None:
+        raw = socket.create_connection(("127.0.0.1", self.port), self.timeout)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def https_response(system: LocalSystem, path: str, method: str = "GET", *, host: str = "localhost") -> tuple[int, str]:
+    """One request through the proxy, certificate unchecked (the CA is minutes old):
+    its status and Location."""
     assert system.proxy is not None
-    conn = http.client.HTTPSConnection(
-        "localhost", system.proxy.https_port, timeout=5, context=ssl._create_unverified_context()
-    )
+    conn = _Loopback(host, system.proxy.https_port, timeout=5, context=ssl._create_unverified_context())
     try:
         conn.request(method, path)
-        return conn.getresponse().status
+        response = conn.getresponse()
+        return response.status, response.getheader("Location") or ""
     finally:
         conn.close()
+
+
+def https_status(system: LocalSystem, path: str, method: str = "GET", *, host: str = "localhost") -> int:
+    return https_response(system, path, method, host=host)[0]
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +72,12 @@ def door() -> Iterator[LocalSystem]:
             "DJANGO_READ_DOT_ENV": "0",
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-            "DJANGO_ALLOWED_HOSTS": "localhost,127.0.0.1",
+            "DJANGO_ALLOWED_HOSTS": f"localhost,127.0.0.1,{system.proxy.flower_site}",
             "DJANGO_HTTPS": "1",
             "DJANGO_BEHIND_TLS_PROXY": "1",
             "DJANGO_SECURE_SSL_REDIRECT": "1",
             "DJANGO_CSRF_TRUSTED_ORIGINS": origin,
-            "FLOWER_URL": f"{origin}/flower/",
+            "FLOWER_URL": f"https://{system.proxy.flower_site}:{system.proxy.https_port}/flower/",
         }
     )
     try:
@@ -95,16 +108,18 @@ def browser() -> Iterator[object]:
 def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door: LocalSystem, browser) -> None:  # type: ignore[no-untyped-def]
     assert door.proxy is not None
     base = f"https://localhost:{door.proxy.https_port}"
+    # Flower has a host name of its own: another origin than the site's (issue 42, finding 10).
+    flower_base = f"https://{door.proxy.flower_site}:{door.proxy.https_port}"
     anonymous = browser.new_context(ignore_https_errors=True)
     staff = browser.new_context(ignore_https_errors=True)
     try:
         for context in (anonymous, staff):
             context.set_default_timeout(15_000)
 
-        # Without a login, /flower/ is the admin's login form, never Flower.
+        # Without a login, Flower is the admin's login form on the site, never Flower.
         page = anonymous.new_page()
-        page.goto(f"{base}/flower/")
-        assert page.url == f"{base}/admin/login/?next=/flower/"
+        page.goto(f"{flower_base}/flower/")
+        assert page.url == f"{base}/admin/login/?next=/auth/flower%3Fnext%3D/flower/"
         assert "Flower" not in page.title()
 
         page = staff.new_page()
@@ -118,10 +133,20 @@ def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door
         session = {c["name"]: c for c in staff.cookies()}["sessionid"]
         assert session["secure"] and session["httpOnly"]
 
+        # An old link to Flower on the site's host name goes on to Flower's, where the
+        # staff member is logged in with a one-time ticket from the site's host name.
         flower = page.goto(f"{base}/flower/")
         assert flower is not None and flower.status == 200
         assert "Flower" in page.title()
-        assert page.url == f"{base}/flower/"
+        assert page.url == f"{flower_base}/flower/"
+        sessions = {c["domain"]: c for c in staff.cookies() if c["name"] == "sessionid"}
+        assert set(sessions) == {"localhost", door.proxy.flower_site}, "one session per host name"
+        assert sessions["localhost"]["value"] != sessions[door.proxy.flower_site]["value"]
+        # Flower's pages cannot read the site's: another origin, and no framing.
+        assert (
+            page.evaluate(f"fetch('{base}/dashboard/', {{credentials: 'include'}}).then(() => 'read', () => 'refused')")
+            == "refused"
+        )
 
         # Staff or not, Flower's control API is refused at the door.
         refused = {
@@ -131,13 +156,15 @@ def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door
             ("POST", "/flower//api/task/revoke/0"),
             ("POST", "/flower/api/workers"),
         }
+        # From Flower's own page, with the staff member's session there (the browser
+        # resolves *.localhost; Playwright's own HTTP client does not).
+        fetch = "([path, method]) => fetch(path, {method, body: method === 'POST' ? '{}' : undefined}).then(r => r.status)"
         for method, path in sorted(refused):
-            got = staff.request.fetch(f"{base}{path}", method=method, data="{}" if method == "POST" else None)
-            assert got.status == 403, (method, path, got.status)
-            assert https_status(door, path, method) == 403, (method, path)
+            assert page.evaluate(fetch, [path, method]) == 403, (method, path)
+            assert https_status(door, path, method, host=door.proxy.flower_site) == 403, (method, path)
         # Flower's own pages still read for staff (its API answers 401 to everyone:
         # Flower has no login of its own here, and keeps its API closed without one).
-        assert staff.request.get(f"{base}/flower/tasks").status == 200
+        assert page.evaluate(fetch, ["/flower/tasks", "GET"]) == 200
     finally:
         anonymous.close()
         staff.close()
@@ -157,16 +184,25 @@ def test_plain_http_only_redirects_to_https(door: LocalSystem) -> None:
 
 def test_a_made_up_session_is_sent_to_the_login(door: LocalSystem) -> None:
     assert door.proxy is not None
-    conn = http.client.HTTPSConnection(
-        "localhost", door.proxy.https_port, timeout=5, context=ssl._create_unverified_context()
-    )
+    conn = _Loopback(door.proxy.flower_site, door.proxy.https_port, timeout=5, context=ssl._create_unverified_context())
     try:
         conn.request("GET", "/flower/", headers={"Cookie": "sessionid=made-up"})
         response = conn.getresponse()
         assert response.status == 302
-        assert re.match(r"/admin/login/\?next=/flower/$", response.getheader("Location") or "")
+        assert response.getheader("Location") == (
+            f"https://localhost:{door.proxy.https_port}/auth/flower?next=/flower/"
+        )
     finally:
         conn.close()
+
+
+def test_flowers_host_name_serves_flower_and_the_ticket_door_only(door: LocalSystem) -> None:
+    assert door.proxy is not None
+    flower = door.proxy.flower_site
+    assert https_response(door, "/", host=flower)[0] == 302
+    assert https_status(door, "/admin/", host=flower) == 404, "the site is not served on Flower's host name"
+    assert https_status(door, "/api/v1/stats", host=flower) == 404
+    assert https_status(door, "/_staff/enter?ticket=made-up", host=flower) == 403
 
 
 def test_fifty_slow_bodies_hold_no_web_thread(door: LocalSystem) -> None:

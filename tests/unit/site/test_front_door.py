@@ -36,6 +36,7 @@ def test_programs_add_the_proxy_only_when_asked() -> None:
     assert cmd[-5:] == ["run", "--config", processes.CADDYFILE, "--adapter", "caddyfile"]
     env = env_of(cmd)
     assert env["SITE_ADDRESS"] == "localhost:8443"
+    assert env["FLOWER_ADDRESS"] == "flower.localhost:8443", "Flower on a host name of its own"
     assert env["HTTP_PORT"] == "8080"
     assert env["PROXY_BIND"] == "127.0.0.1"
     assert (env["WEB_UPSTREAM"], env["FLOWER_UPSTREAM"]) == ("127.0.0.1:8001", "127.0.0.1:5556")
@@ -54,8 +55,13 @@ def test_the_proxy_program_survives_supervisord_quoting() -> None:
 @pytest.mark.parametrize(
     "where",
     [
-        {"SITE_ADDRESS": "localhost", "WEB_UPSTREAM": "web:8000", "FLOWER_UPSTREAM": "flower:5555"},  # compose
-        {"SITE_ADDRESS": "batching.example.com"},  # a public name: ACME
+        {
+            "SITE_ADDRESS": "localhost",
+            "FLOWER_ADDRESS": "flower.localhost",
+            "WEB_UPSTREAM": "web:8000",
+            "FLOWER_UPSTREAM": "flower:5555",
+        },  # compose
+        {"SITE_ADDRESS": "batching.example.com", "FLOWER_ADDRESS": "flower.batching.example.com"},  # ACME
         "local",
     ],
 )
@@ -79,11 +85,16 @@ def test_the_caddyfile_adapts(where: object, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
     (server,) = config["apps"]["http"]["servers"].values()
-    (route,) = server["routes"]
+    routes = {tuple(r["match"][0]["host"]): json.dumps(r) for r in server["routes"]}
     site = settings["SITE_ADDRESS"].split(":")[0]
-    assert route["match"] == [{"host": [site]}]
-    text = json.dumps(route)
+    flower = settings.get("FLOWER_ADDRESS", "flower.localhost").split(":")[0]
+    assert set(routes) == {(site,), (flower,)}, "the site and Flower, each on its own host name"
+    # The site's host name only sends old Flower links on; Flower's admits staff only,
+    # read-only, without its control API.
+    assert "flower:5555" not in routes[(site,)] and settings.get("FLOWER_UPSTREAM", "5556") not in routes[(site,)]
+    text = routes[(flower,)]
     assert "/auth/staff" in text and "*/api/task/*" in text and "*/api/worker/*" in text
+    assert "/_staff/enter" in text
     assert settings.get("WEB_UPSTREAM", "web:8000") in text
 
 
