@@ -158,7 +158,9 @@ def test_staff_logs_in_to_the_admin_over_https_and_reaches_flower_read_only(door
         }
         # From Flower's own page, with the staff member's session there (the browser
         # resolves *.localhost; Playwright's own HTTP client does not).
-        fetch = "([path, method]) => fetch(path, {method, body: method === 'POST' ? '{}' : undefined}).then(r => r.status)"
+        fetch = (
+            "([path, method]) => fetch(path, {method, body: method === 'POST' ? '{}' : undefined}).then(r => r.status)"
+        )
         for method, path in sorted(refused):
             assert page.evaluate(fetch, [path, method]) == 403, (method, path)
             assert https_status(door, path, method, host=door.proxy.flower_site) == 403, (method, path)
