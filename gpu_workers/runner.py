@@ -19,6 +19,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,12 @@ class _Ran:
     #: How many answers written were new.
     written: int = 0
     unrun: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: Redeliveries that count as one try on a device (`_came_back`'s backstop, for a worker
+#: that keeps dying after a batch's run): a batch only held beside crashing ones comes
+#: back this many times before the backstop counts it once.
+HELD_PER_TRY = 3
 
 
 def device_id_of(device: str) -> str:
@@ -114,8 +121,8 @@ class DeviceRunner:
         #: for an input that was too slow with no batch-mate to compare it with.
         self._reference: dict[str, dict[str, Any]] = {}
         self.watchdog = Watchdog(on_hung=self._hung)
-        #: The batch being run (its task id, body and requests to run), for `_hung`.
-        self._running: tuple[str, dict[str, Any], list[dict[str, Any]]] | None = None
+        #: The batch being run and its requests to run, for `_hung`.
+        self._running: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
         #: Every batch this worker holds now, by task id: with DEVICE_OVERLAP one may wait for
         #: the device, or write its answers, while another runs; for `_hung`.
         self._in_hand: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
@@ -185,18 +192,12 @@ class DeviceRunner:
     # --- one batch ------------------------------------------------------------------
 
     def execute(
-        self,
-        batch: dict[str, Any],
-        *,
-        redelivered: bool = False,
-        counts: bool = True,
-        task_id: str | None = None,
+        self, batch: dict[str, Any], *, redelivered: bool = False, task_id: str | None = None
     ) -> dict[str, Any]:
         """Run one batch. A first delivery (as the broker says) skips asking which
         requests are already answered: none can be. One that came back (redelivered by
         the broker, or handed back by a device) is counted, and may be split first
-        (`_came_back`); one redelivered that `counts` not (its worker died while another
-        batch held the device: gpu_workers/taken.py) runs as it is.
+        (`_came_back`).
 
         With DEVICE_OVERLAP, a device worker holds two batches at once in two threads
         (gpu_workers/worker.py): what one does before and after its run (decoding and
@@ -209,18 +210,20 @@ class DeviceRunner:
         came_back = redelivered or bool(batch.get("came_back"))
         todo = self._unanswered(requests) if came_back or batch.get("bounces") else list(requests)
         if came_back:
-            reply = self._came_back(batch, todo, task_id if redelivered else None, counts=counts)
+            reply = self._came_back(batch, todo, task_id if redelivered else None)
             if reply is not None:
                 return reply
         # By its task id, as the broker's delivery is noted (a bounced batch's differs).
         held_as = task_id or batch["batch_id"]
         self._in_hand[held_as] = (batch, todo)
         try:
-            return self._execute(batch, todo, held_as)
+            return self._execute(batch, todo, tried_as=task_id if redelivered else None)
         finally:
             self._in_hand.pop(held_as, None)
 
-    def _execute(self, batch: dict[str, Any], todo: list[dict[str, Any]], held_as: str) -> dict[str, Any]:
+    def _execute(
+        self, batch: dict[str, Any], todo: list[dict[str, Any]], *, tried_as: str | None = None
+    ) -> dict[str, Any]:
         started = clock.now()  # Redis's clock, as the edge set the deadlines
         waiting_since = time.monotonic()
         if todo and self.app.conf.task_track_started:
@@ -231,15 +234,23 @@ class DeviceRunner:
             # What waiting for the device took counts against the deadlines.
             started += time.monotonic() - waiting_since
             # A batch that preempts another runs inside it: restore the one it interrupted.
-            outer, self._running = self._running, (held_as, batch, todo)
-            # Before the run: if it kills this worker, this batch alone comes back counted.
-            self.taken.on_device(held_as)
+            outer, self._running = self._running, (batch, todo)
+            # A batch that came back goes on a device again: the try is counted before it
+            # runs and withdrawn when the run ends, so that only a worker that dies while
+            # it runs counts against it (`_came_back`). Nor does it let another batch run
+            # inside it, which could kill the worker while this one held the device.
+            suspect = tried_as is not None and bool(todo)
+            try_nonce = uuid.uuid4().hex
+            if suspect:
+                deliveries.trying(shared_state.client(), tried_as, try_nonce)
             try:
-                with self.preempt.armed(batch["batch_id"], yield_after_s=self._yield_after(batch, todo)):
+                yield_after = None if suspect else self._yield_after(batch, todo)
+                with self.preempt.armed(batch["batch_id"], yield_after_s=yield_after):
                     ran = self._on_device(batch, todo, started)
             finally:
                 self._running = outer
-                self.taken.on_device(outer[0] if outer is not None else None)
+            if suspect:
+                deliveries.tried(shared_state.client(), tried_as, try_nonce)
         return ran if isinstance(ran, dict) else self._answer(batch, todo, ran)
 
     def _yield_after(self, batch: dict[str, Any], todo: list[dict[str, Any]]) -> float | None:
@@ -391,26 +402,33 @@ class DeviceRunner:
         return self.bisector.run(model, runner, live, slow_lane=slow_lane, until=until, on_part=on_part)
 
     def _came_back(
-        self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None, *, counts: bool = True
+        self, batch: dict[str, Any], todo: list[dict[str, Any]], redelivered_as: str | None
     ) -> dict[str, Any] | None:
         """A batch that did not finish before: the broker redelivered it (its worker
-        died running it: a segfault, an out-of-memory kill), or a device handed it back
-        (it hung, or its time bound ran out). Each time counts: the broker's
-        redeliveries in Redis (`redelivered_as`, its task id), hand-backs in the batch.
-        A batch of several is split in halves, each sent on its own, so an input at
-        fault ends up alone; a lone request that came back POISON_REDELIVERIES times
-        gets its own error. None: run it (again) here. One with every request already
-        answered (its worker died between the last answer and the ack) is counted and
-        done. One the broker redelivered that `counts` not (it was not on the device when
-        its worker died: gpu_workers/taken.py) is not counted, and runs as it is."""
+        died running it, a segfault or an out-of-memory kill, or running another batch
+        while it held this one), or a device handed it back (it hung, or its time bound
+        ran out). A batch of several is split in halves, each sent on its own, so an
+        input at fault ends up alone. A lone request gets its own error once it has
+        failed to finish POISON_REDELIVERIES times: its hand-backs (the batch counts
+        them), and for one the broker redelivered (`redelivered_as`, its task id) the
+        delivery it came back from plus every try on a device since, each counted before
+        it ran (`_execute`). A redelivery alone does not add: with DEVICE_OVERLAP a batch
+        held beside one that killed its worker comes back too, and counted that way an
+        innocent lone request that twice shared a worker with a crashing one was
+        answered WorkerCrashed (issue 40). None: run it (again) here. One with every
+        request already answered (its worker died between the last answer and the ack)
+        is done."""
         times = int(batch.get("handed_back") or 0)
-        if redelivered_as is not None and counts:
-            times += deliveries.count(shared_state.client(), redelivered_as)
+        if redelivered_as is not None:
+            r = shared_state.client()
+            came_back = deliveries.count(r, redelivered_as)
+            times += 1 + deliveries.tries(r, redelivered_as)
+            # A backstop for a worker that dies after the run, on this batch's answers
+            # (an output too big to encode in memory): every redelivery counts, later.
+            times = max(times, came_back // HELD_PER_TRY)
         reply = {"batch_id": batch["batch_id"], "device": self.device_id, "redeliveries": times}
         if not todo:
             return {**reply, "written": 0, "skipped": len(batch["requests"])}
-        if redelivered_as is not None and not counts:
-            return None
         if len(todo) > 1:
             mid = len(todo) // 2
             for suffix, requests in (("a", todo[:mid]), ("b", todo[mid:])):
@@ -471,7 +489,7 @@ class DeviceRunner:
                 tag = self.taken.tag_of(task_id)
                 self.taken.finished(task_id)
                 left = self._unanswered(todo)
-                if left and hung is not None and batch is hung[1]:
+                if left and hung is not None and batch is hung[0]:
                     self._hand_back(batch, left, "h", "the device hung", queue=queue)
                 elif left:
                     self._hand_back(batch, left, "w", "it waited on a device that hung", counts=False, queue=queue)

@@ -18,18 +18,6 @@ meanwhile has the same tag: the note holds the delivery's time in kombu's unacke
 too, and deliveries.restore checks it in one transaction. And the old worker is dead
 (gpu_workers/step.py refuses a second live worker under one device id).
 A hung worker hands its batch back itself, so it drops that note before it dies.
-
-Which come back counted: a worker with DEVICE_OVERLAP holds two batches, one on the
-device and one preparing, waiting for it or writing its answers. An input that kills
-the worker kills it on the device, so only the batch there counts as having come back
-(towards the error a lone input gets after POISON_REDELIVERIES); the other did nothing
-wrong, and counted, an innocent request that shared a worker with a crashing one twice
-was answered WorkerCrashed (issue 40). So whenever this worker holds two, the tag of the
-one on the device is noted too: when a batch takes the device, and in the same round
-trip as a new batch's note. Without a note naming one of the tags held (one batch held,
-or a note lost), every one comes back counted, as before. A batch's host-side `prepare`
-runs off the device and is not suspected: it runs the tokenizer the edge has already
-run on the same inputs.
 Two live workers given the same device id would hand each other's batches back; the
 outcome store still keeps only a first answer.
 """
@@ -37,7 +25,6 @@ outcome store still keeps only a first answer.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from celery import Celery
@@ -53,37 +40,16 @@ class Taken:
         self.app = app
         self.holder = holder
         self._tags: dict[str, str] = {}
-        #: The task id of the batch on the device now.
-        self._on_device: str | None = None
-        #: Notes reach Redis in the order they were made here.
-        self._lock = threading.Lock()
 
     def took(self, task_id: str, tag: str) -> None:
-        with self._lock:
-            self._tags[task_id] = tag
-            try:
-                deliveries.hold(shared_state.client(), self.holder, tag, on_device=self._device_tag())
-            except Exception:  # noqa: BLE001 - without the note, the visibility timeout still brings it back
-                log.warning("could not note batch %s as taken by %s", task_id, self.holder, exc_info=True)
-
-    def on_device(self, task_id: str | None) -> None:
-        """The batch `task_id` holds the device now (None: none does). Noted in Redis only
-        while this worker holds another batch too: alone, it is the one counted anyway."""
-        with self._lock:
-            self._on_device = task_id
-            if task_id is None or task_id not in self._tags or len(self._tags) < 2:
-                return
-            try:
-                deliveries.note_on_device(shared_state.client(), self.holder, self._device_tag())
-            except Exception:  # noqa: BLE001 - without the note, every batch held comes back counted
-                log.warning("could not note batch %s as on %s", task_id, self.holder, exc_info=True)
-
-    def _device_tag(self) -> str | None:
-        return self._tags.get(self._on_device) if self._on_device is not None else None
+        self._tags[task_id] = tag
+        try:
+            deliveries.hold(shared_state.client(), self.holder, tag)
+        except Exception:  # noqa: BLE001 - without the note, the visibility timeout still brings it back
+            log.warning("could not note batch %s as taken by %s", task_id, self.holder, exc_info=True)
 
     def finished(self, task_id: str) -> None:
-        with self._lock:
-            tag = self._tags.pop(task_id, None)
+        tag = self._tags.pop(task_id, None)
         if tag is None:
             return
         try:
@@ -97,17 +63,14 @@ class Taken:
 
     def reclaim(self) -> int:
         """Hand back to the broker the batch messages a killed worker under this device
-        id left unacked and nobody took since; returns how many it handed back. Of
-        several, one noted as on the device comes back counted and the others not."""
+        id left unacked and nobody took since; returns how many it handed back."""
         try:
             r = shared_state.client()
-            noted, device = deliveries.held(r, self.holder)
-            suspect = device if device in noted else None
+            noted = deliveries.held(r, self.holder)
             back = sum(
                 1
                 for tag, delivered_at in noted.items()
-                if delivered_at is not None
-                and deliveries.restore(r, tag, delivered_at, counts=suspect is None or tag == suspect)
+                if delivered_at is not None and deliveries.restore(r, tag, delivered_at)
             )
         except Exception:  # noqa: BLE001 - the visibility timeout still brings them back
             log.warning("could not hand back the batches %s left", self.holder, exc_info=True)

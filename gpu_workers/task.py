@@ -21,7 +21,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from dynamic_batching.protocol.names import BATCH_TASK, UNCOUNTED_HEADER
+from dynamic_batching.protocol.names import BATCH_TASK
 
 from . import runner
 
@@ -30,10 +30,8 @@ log = logging.getLogger(__name__)
 
 @shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_batch(self: Task, batch: dict[str, Any]) -> dict[str, Any]:
-    # kombu marks a message it restored after the visibility timeout as redelivered; a
-    # dead worker's successor marks it so too, and says when it is not to be counted.
+    # kombu marks a message it restored after the visibility timeout as redelivered.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    counts = not getattr(self.request, UNCOUNTED_HEADER, False)
     if not well_formed(batch):
         # Only the collector writes batches; this one names nobody to answer, and
         # handing it back would only bring it back.
@@ -41,7 +39,7 @@ def run_batch(self: Task, batch: dict[str, Any]) -> dict[str, Any]:
         return {"malformed": True}
     device = runner.current()
     try:
-        return device.execute(batch, redelivered=redelivered, counts=counts, task_id=self.request.id)
+        return device.execute(batch, redelivered=redelivered, task_id=self.request.id)
     except Exception as exc:
         log.exception("batch %s could not finish; handing it back to the broker", self.request.id)
         raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc

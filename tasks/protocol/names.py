@@ -105,22 +105,16 @@ def redeliveries_key(task_id: str) -> str:
     return f"{PREFIX}redeliveries:{task_id}"
 
 
+def tries_key(task_id: str) -> str:
+    """Counter: how often this batch task, having come back, was put on a device again
+    (tasks/store/deliveries.py)."""
+    return f"{PREFIX}tries:{task_id}"
+
+
 def taken_key(holder: str) -> str:
     """Hash: delivery tag -> delivery time, of the batch messages a device worker (by its
     device id) has taken from the broker and not yet finished (tasks/store/deliveries.py)."""
     return f"{PREFIX}taken:{holder}"
-
-
-def on_device_key(holder: str) -> str:
-    """String: the delivery tag of the batch on a device worker's device, noted while it
-    holds another batch too (tasks/store/deliveries.py): when it dies, that batch alone
-    is counted as having come back."""
-    return f"{PREFIX}taken:{holder}:device"
-
-
-#: A batch message's header, set when a dead worker's successor hands back a batch that
-#: was not on the device when it died: it comes back, and is not counted (DeviceRunner).
-UNCOUNTED_HEADER = "batching_uncounted"
 
 
 def owner_key(task_id: str) -> str:

@@ -2,18 +2,20 @@
 device worker holds.
 
 A batch message comes back (kombu marks it redelivered) when its device worker died
-running it, or when the worker could not finish it and requeued it. A first delivery
-costs nothing here; each redelivery adds one, so a device worker knows how often a
-batch has already failed to finish (gpu_workers/runner.py splits it, and answers a
+running it, or holding it while it ran another (DEVICE_OVERLAP), or when the worker
+could not finish it and requeued it. A first delivery costs nothing here; each
+redelivery is counted. A batch that came back is a suspect: each time it goes on a
+device again, that try is counted *before* it runs and withdrawn when its run ends, so
+a device worker knows how often it was on a device when its worker died, which a batch
+that only waited beside the one that killed its worker, or wrote its answers after its
+run, never was (gpu_workers/runner.py splits a batch that came back, and answers a
 lone request that keeps killing workers with its own error).
 
 A batch message is acked only once answered, so one held by a device worker that is
 killed stays with the broker, unacked, until the visibility timeout hands it out again.
 Each device worker notes the delivery tags it holds under its device id, and one
 started under the same id (supervisord or docker restarts it in place) hands them back
-at once (gpu_workers/taken.py). A worker that holds two batches (DEVICE_OVERLAP) also
-notes which of them is on its device: only that one can have killed it, so only that
-one comes back counted.
+at once (gpu_workers/taken.py).
 """
 
 from __future__ import annotations
@@ -24,26 +26,38 @@ from collections.abc import Sequence
 
 import redis
 
-from ..protocol.names import (
-    UNACKED_INDEX_KEY,
-    UNACKED_KEY,
-    UNCOUNTED_HEADER,
-    on_device_key,
-    redeliveries_key,
-    taken_key,
-)
+from ..protocol.names import UNACKED_INDEX_KEY, UNACKED_KEY, redeliveries_key, taken_key, tries_key
 
 #: A counter outlives any redelivery by far; it only has to outlive the batch.
 KEEP_S = 3600
 
 
 def count(r: redis.Redis, task_id: str, *, nonce: str | None = None) -> int:
-    """Count one more redelivery of `task_id`; returns how many there have been.
+    """Count one more redelivery of `task_id`; returns how many there have been."""
+    return _add(r, redeliveries_key(task_id), nonce)
 
-    Each call counts once even if the client runs it twice (a retried command whose
+
+def trying(r: redis.Redis, task_id: str, nonce: str) -> int:
+    """`task_id`, having come back, goes on a device again (a try under `nonce`), before
+    it runs; returns how many tries are counted now."""
+    return _add(r, tries_key(task_id), nonce)
+
+
+def tried(r: redis.Redis, task_id: str, nonce: str) -> None:
+    """The try under `nonce` left the device: its run ended, and whatever ends its
+    worker from now on is not this batch's doing."""
+    r.srem(tries_key(task_id), nonce)
+
+
+def tries(r: redis.Redis, task_id: str) -> int:
+    """How many times `task_id`, having come back, was on a device when its worker died."""
+    return int(r.scard(tries_key(task_id)))
+
+
+def _add(r: redis.Redis, key: str, nonce: str | None) -> int:
+    """Each call counts once even if the client runs it twice (a retried command whose
     reply was lost; issue 41, finding 3): it adds its own nonce to a set and counts the
     set, all in one transaction."""
-    key = redeliveries_key(task_id)
     pipe = r.pipeline(transaction=True)
     pipe.sadd(key, nonce or uuid.uuid4().hex)
     pipe.expire(key, KEEP_S)
@@ -51,31 +65,15 @@ def count(r: redis.Redis, task_id: str, *, nonce: str | None = None) -> int:
     return int(pipe.execute()[2])
 
 
-def hold(r: redis.Redis, holder: str, tag: str, *, on_device: str | None = None) -> None:
+def hold(r: redis.Redis, holder: str, tag: str) -> None:
     """`holder` has taken the batch message with delivery tag `tag`: noted with the time
     the broker recorded that delivery (its unacked index score), which tells this
-    delivery from a later one of the same message under the same tag. In the same round
-    trip, the tag of the batch on its device now (`on_device`; None: none is)."""
+    delivery from a later one of the same message under the same tag."""
     score = r.zscore(UNACKED_INDEX_KEY, tag)
     pipe = r.pipeline(transaction=False)
     pipe.hset(taken_key(holder), tag, "" if score is None else repr(score))
     pipe.expire(taken_key(holder), KEEP_S)
-    _note_on_device(pipe, holder, on_device)
     pipe.execute()
-
-
-def note_on_device(r: redis.Redis, holder: str, tag: str | None) -> None:
-    """The batch under `tag` is on `holder`'s device now (None: none is)."""
-    pipe = r.pipeline(transaction=False)
-    _note_on_device(pipe, holder, tag)
-    pipe.execute()
-
-
-def _note_on_device(pipe: redis.client.Pipeline, holder: str, tag: str | None) -> None:
-    if tag is None:
-        pipe.delete(on_device_key(holder))
-    else:
-        pipe.set(on_device_key(holder), tag, ex=KEEP_S)
 
 
 def release(r: redis.Redis, holder: str, tag: str) -> None:
@@ -96,32 +94,28 @@ def settle(r: redis.Redis, tag: str) -> None:
     pipe.execute()
 
 
-def held(r: redis.Redis, holder: str) -> tuple[dict[str, float | None], str | None]:
+def held(r: redis.Redis, holder: str) -> dict[str, float | None]:
     """The tags `holder` took and never released, with the delivery time noted for
-    each (None where there was none), and the tag last noted as on its device (None:
-    none); forgets them."""
+    each (None where there was none); forgets them."""
     pipe = r.pipeline(transaction=True)
     pipe.hgetall(taken_key(holder))
-    pipe.get(on_device_key(holder))
-    pipe.delete(taken_key(holder), on_device_key(holder))
-    rows, device = pipe.execute()[:2]
+    pipe.delete(taken_key(holder))
+    rows = pipe.execute()[0]
     out: dict[str, float | None] = {}
     for tag, score in rows.items():
         tag = tag.decode() if isinstance(tag, bytes) else tag
         score = score.decode() if isinstance(score, bytes) else score
         out[tag] = float(score) if score else None
-    device = device.decode() if isinstance(device, bytes) else device
-    return dict(sorted(out.items())), device
+    return dict(sorted(out.items()))
 
 
-def restore(r: redis.Redis, tag: str, delivered_at: float, *, counts: bool = True) -> bool:
+def restore(r: redis.Redis, tag: str, delivered_at: float) -> bool:
     """Put the message unacked under `tag` back on its queue, marked redelivered, as
     kombu's `restore_by_tag` does, but only if it is still the delivery that was noted
     (the same score in the unacked index) and all in one transaction. kombu keeps a
     message's delivery tag for life: after the visibility timeout handed it to another,
     live device, the tag is the same and only the score tells the two deliveries apart
-    (issue 41, finding 6). One that `counts` not (it was not on its device when its
-    worker died) carries UNCOUNTED_HEADER. Returns whether it restored the message."""
+    (issue 41, finding 6). Returns whether it restored the message."""
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -138,8 +132,6 @@ def restore(r: redis.Redis, tag: str, delivered_at: float, *, counts: bool = Tru
                     pipe.unwatch()
                     return False
                 payload.setdefault("headers", {})["redelivered"] = True
-                if not counts:
-                    payload["headers"][UNCOUNTED_HEADER] = True
                 payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
                 pipe.multi()
                 # kombu's consumers pop from the right: a restored message goes next.

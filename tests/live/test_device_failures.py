@@ -17,6 +17,7 @@ from kombu import Queue
 
 from batching_site.celery import app
 from dynamic_batching.collector import housekeeping
+from dynamic_batching.conf import conf
 from dynamic_batching.core.errors import ModelUnavailable, WorkerCrashed
 from dynamic_batching.core.slots import Slots
 from dynamic_batching.gpu_workers import resend
@@ -27,7 +28,7 @@ from dynamic_batching.gpu_workers.taken import Taken
 from dynamic_batching.gpu_workers.task import run_batch
 from dynamic_batching.protocol import wire
 from dynamic_batching.protocol.app import transport_options
-from dynamic_batching.protocol.names import BATCH_QUEUE, UNACKED_KEY, UNCOUNTED_HEADER, on_device_key, redeliveries_key
+from dynamic_batching.protocol.names import BATCH_QUEUE, UNACKED_KEY, redeliveries_key
 from dynamic_batching.store import deliveries, ledger, shared_state
 
 
@@ -78,7 +79,6 @@ def test_finding_4_a_models_first_load_is_never_charged_to_its_batch(
     # Issue 41, finding 4: the batch's time bound started before its model loaded, so a
     # load plus run over BATCH_HARD_LIMIT_S handed the batch back on every device, and
     # the third answered an innocent request WorkerCrashed without running it.
-    from dynamic_batching.conf import conf
 
     monkeypatch.setattr(runner_module, "get_spec", lambda name: SlowToLoad())
     batch = batch_of(["waits for its model to load"])
@@ -111,7 +111,9 @@ def test_a_lone_request_that_came_back_once_runs_again(bare_runner: DeviceRunner
 
 def test_a_lone_request_that_keeps_coming_back_gets_its_own_error(bare_runner: DeviceRunner) -> None:
     batch = batch_of(["kills its worker"])
-    deliveries.count(shared_state.client(), "lone-twice")  # it came back once already
+    # It came back once already, and its worker died again while it ran.
+    deliveries.count(shared_state.client(), "lone-twice")
+    deliveries.trying(shared_state.client(), "lone-twice", "its-second-run")
     summary = bare_runner.execute(batch, redelivered=True, task_id="lone-twice")
     assert summary["written"] == 1 and summary["redeliveries"] == 2
     with pytest.raises(WorkerCrashed, match=f"2 times running this input alone \\(last on {bare_runner.device_id}"):
@@ -244,111 +246,54 @@ def test_a_killed_workers_batch_goes_back_when_a_worker_starts_under_its_device_
         assert Taken(app, holder).reclaim() == 0
 
 
-@pytest.mark.parametrize("noted_by", ["the second batch's note", "the device's note"])
-def test_of_two_batches_held_by_a_killed_worker_only_the_one_on_its_device_comes_back_counted(
-    bare_runner: DeviceRunner, noted_by: str
+def test_a_lone_request_held_beside_the_batch_that_killed_its_worker_is_never_answered_worker_crashed(
+    bare_runner: DeviceRunner,
 ) -> None:
-    # Issue 40: with DEVICE_OVERLAP a worker holds two batches. An input that kills it
-    # kills it on the device; the other batch (waiting for the device, or writing its
-    # answers) came back counted too, and an innocent lone request that twice shared a
-    # worker with a crashing one was answered WorkerCrashed.
-    on_device, other = batch_of(["on the device", "its batch-mate"]), batch_of(["innocent, alone"])
-    for b in (on_device, other):
-        resend.resend(app, b, b["batch_id"])
-    holder = "cpu:9@a-host"
-    dead = Taken(app, holder)
-    with app.connection_for_read(transport_options=transport_options()) as conn:
-        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
-        first, second = queue.get(no_ack=False), queue.get(no_ack=False)
-        tags = {first.headers["id"]: first.delivery_tag, second.headers["id"]: second.delivery_tag}
-        if noted_by == "the second batch's note":
-            # One on the device when the consumer takes the next.
-            dead.took(on_device["batch_id"], tags[on_device["batch_id"]])
-            dead.on_device(on_device["batch_id"])
-            dead.took(other["batch_id"], tags[other["batch_id"]])
-        else:
-            # The other waited its turn, then wrote its answers while this one ran.
-            dead.took(other["batch_id"], tags[other["batch_id"]])
-            dead.took(on_device["batch_id"], tags[on_device["batch_id"]])
-            dead.on_device(other["batch_id"])
-            dead.on_device(None)
-            dead.on_device(on_device["batch_id"])
-        # kill -9. The successor hands both back at once.
-        assert Taken(app, holder).reclaim() == 2
-
-    runner_module.install(bare_runner)
-    try:
-        with app.connection_for_read(transport_options=transport_options()) as conn:
-            queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
-            for _ in range(2):
-                bare_runner.preempt._run(queue.get(no_ack=False))  # as the worker runs a message
-    finally:
-        runner_module.install(None)
+    # Issue 40: with DEVICE_OVERLAP a worker holds two batches, and an input that kills it
+    # kills the batch beside it too (waiting for the device, or writing its answers after
+    # its run). Each redelivery counted, an innocent lone request that twice shared a
+    # worker with a crashing one was answered WorkerCrashed. Only a worker that dies
+    # while it is on the device counts against it.
+    batch = batch_of(["innocent, alone"])
     r = shared_state.client()
-    assert r.scard(redeliveries_key(on_device["batch_id"])) == 1, "the batch on the device came back once"
-    assert r.scard(redeliveries_key(other["batch_id"])) == 0, "the innocent batch was counted"
-    [req] = other["requests"]
-    assert outcome(req).get(timeout=5) == synthetic.embed(req["input"]), "it ran as it was"
-    assert [b["batch_id"] for b in queued_batches()] == [f"{on_device['batch_id']}.{s}" for s in "ab"], "split"
+    deliveries.count(r, "held-beside")  # held while another killed its worker
+    deliveries.trying(r, "held-beside", "its-run")
+    deliveries.tried(r, "held-beside", "its-run")  # ran, then its worker died on the next batch
+    deliveries.count(r, "held-beside")
+    summary = bare_runner.execute(batch, redelivered=True, task_id="held-beside")
+    assert summary["written"] == 1 and "split" not in summary, summary
+    [req] = batch["requests"]
+    assert outcome(req).get(timeout=5) == synthetic.embed(req["input"])
 
 
-def test_a_batch_back_uncounted_with_every_request_answered_is_done_without_running(bare_runner: DeviceRunner) -> None:
-    # Its worker wrote its answers, then died (running the other batch) before the ack.
-    batch = batch_of(["answered, not acked"])
-    bare_runner.execute(batch)
-    summary = bare_runner.execute(batch, redelivered=True, counts=False, task_id="answered-uncounted")
-    assert summary == {
-        "batch_id": batch["batch_id"],
-        "device": bare_runner.device_id,
-        "redeliveries": 0,
-        "written": 0,
-        "skipped": 1,
-    }
-    assert not shared_state.client().exists(redeliveries_key("answered-uncounted"))
+def test_a_request_whose_worker_keeps_dying_after_its_run_is_answered_at_last(bare_runner: DeviceRunner) -> None:
+    # The backstop: a worker that dies on a batch's answers (an output too big to encode
+    # in memory) never counts a try against it; every HELD_PER_TRY redeliveries count one.
+    batch = batch_of(["its answer kills the worker"])
+    for _ in range(runner_module.HELD_PER_TRY * conf.POISON_REDELIVERIES - 1):
+        deliveries.count(shared_state.client(), "dies-after")
+    summary = bare_runner.execute(batch, redelivered=True, task_id="dies-after")
+    assert summary["written"] == 1 and summary["redeliveries"] == conf.POISON_REDELIVERIES, summary
+    with pytest.raises(WorkerCrashed):
+        outcome(batch["requests"][0]).get(timeout=5)
 
 
-def test_a_batch_back_uncounted_runs_whole_not_split(bare_runner: DeviceRunner) -> None:
-    batch = batch_of(["one", "two", "three"])
-    summary = bare_runner.execute(batch, redelivered=True, counts=False, task_id="waited-uncounted")
-    assert summary["written"] == 3 and "split" not in summary and queued_batches() == []
-
-
-def test_a_device_worker_holding_two_batches_notes_the_one_it_runs_before_running_it(bare_runner: DeviceRunner) -> None:
-    running, waiting = batch_of(["runs"]), batch_of(["waits"])
-    bare_runner.taken.took(running["batch_id"], "tag-of-running")
-    bare_runner.taken.took(waiting["batch_id"], "tag-of-waiting")
-    seen: list[bytes | None] = []
+def test_a_batch_that_came_back_is_counted_on_the_device_while_it_runs(bare_runner: DeviceRunner) -> None:
+    batch = batch_of(["came back"])
+    seen: list[int] = []
     run = bare_runner.model("synthetic").run_batch
 
     def noting(inputs: list[Any]) -> list[Any]:
-        seen.append(shared_state.client().get(on_device_key(bare_runner.device_id)))
+        seen.append(deliveries.tries(shared_state.client(), "counted-first"))
         return run(inputs)
 
     bare_runner.model("synthetic").run_batch = noting  # type: ignore[method-assign]
-    bare_runner.execute(running, task_id=running["batch_id"])
-    assert seen == [b"tag-of-running"]
-
-
-def test_a_lone_batch_held_by_a_killed_worker_comes_back_counted_whatever_the_note(bare_runner: DeviceRunner) -> None:
-    # The note only tells two batches apart: a stale one (naming a batch finished
-    # since) never lets the batch that was there go uncounted.
-    stale, lone = batch_of(["finished before"]), batch_of(["held alone"])
-    for b in (stale, lone):
-        resend.resend(app, b, b["batch_id"])
-    holder = "cpu:9@a-host"
-    dead = Taken(app, holder)
-    with app.connection_for_read(transport_options=transport_options()) as conn:
-        queue = Queue(BATCH_QUEUE).bind(conn.default_channel)
-        first, second = queue.get(no_ack=False), queue.get(no_ack=False)
-        dead.took(first.headers["id"], first.delivery_tag)
-        dead.took(second.headers["id"], second.delivery_tag)
-        dead.on_device(stale["batch_id"])
-        dead.finished(stale["batch_id"])
-        dead.on_device(lone["batch_id"])  # alone now: nothing noted
-        assert Taken(app, holder).reclaim() == 1
-        [raw] = shared_state.client().lrange(BATCH_QUEUE, 0, -1)
-        assert wire.body(raw)[0][0]["batch_id"] == lone["batch_id"]
-        assert UNCOUNTED_HEADER not in json.loads(raw)["headers"]
+    bare_runner.execute(batch, redelivered=True, task_id="counted-first")
+    assert seen == [1], "a crash in the run must find this try counted"
+    assert deliveries.tries(shared_state.client(), "counted-first") == 0, "withdrawn once the run ended"
+    # A first delivery costs nothing of the kind.
+    bare_runner.execute(batch_of(["first"]), task_id="first-delivery")
+    assert deliveries.tries(shared_state.client(), "first-delivery") == 0
 
 
 def test_a_batch_popped_by_a_device_that_died_before_recording_it_is_found_nowhere(bare_runner: DeviceRunner) -> None:
