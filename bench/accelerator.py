@@ -57,8 +57,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MODEL = "minilm-gpu"
 
 #: Each mechanism on and off (docs/configuration.md): a batch sent ahead, sent only as a
-#: device is about to free (timed), and a device worker that prepares and writes one
-#: batch while another runs (overlap).
+#: device is about to free (timed), a device worker that prepares and writes one batch
+#: while another runs (overlap), and its short GIL switch interval.
 VARIANTS = {
     "serial": {"BATCHING_COLLECTOR_BATCHES_AHEAD": "0", "BATCHING_DEVICE_OVERLAP": "0"},
     "ahead": {
@@ -80,6 +80,13 @@ VARIANTS = {
         "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
         "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
         "BATCHING_DEVICE_OVERLAP": "1",
+    },
+    # Python's own GIL switch interval in the device worker (the default is 0.5 ms).
+    "overlap-gil-5ms": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
+        "BATCHING_DEVICE_OVERLAP": "1",
+        "BATCHING_DEVICE_SWITCH_INTERVAL_MS": "5",
     },
 }
 

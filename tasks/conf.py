@@ -155,6 +155,10 @@ KEYS: dict[str, Key] = {
     #: A device worker holds two batches: one is prepared, or writes its answers, while
     #: the other runs (it takes the batch sent ahead: COLLECTOR_BATCHES_AHEAD).
     "DEVICE_OVERLAP": Key(True, _bool),
+    #: With DEVICE_OVERLAP, how long a thread may hold the GIL while the other waits for
+    #: it (sys.setswitchinterval): the batch taking the device waits at most this long
+    #: for the one writing its answers.
+    "DEVICE_SWITCH_INTERVAL_MS": Key(0.5, float, (_positive, "a positive number of milliseconds")),
     #: Device failures in a row that open a device's circuit, and how long it stays open.
     "CIRCUIT_THRESHOLD": Key(3, int, (_at_least(1), "at least 1")),
     "CIRCUIT_COOLDOWN_S": Key(30.0, float, (_positive, "a positive number of seconds")),

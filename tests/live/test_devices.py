@@ -4,6 +4,7 @@ and never the worker."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -38,6 +39,8 @@ def test_device_worker_pulls_from_shared_and_own_queue_one_batch_a_thread() -> N
     assert worker.app.conf.worker_pool == "threads" and worker.app.conf.worker_concurrency == 2
     with override_settings(BATCHING={"DEVICE_OVERLAP": False}):
         assert worker.pool() == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
+    # The batch taking the device waits at most this long for the GIL.
+    assert sys.getswitchinterval() == pytest.approx(worker.switch_interval_s()) == pytest.approx(0.0005)
 
 
 def test_devices_setting_wins_else_every_cuda_device_else_two_cpus() -> None:
