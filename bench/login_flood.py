@@ -15,6 +15,7 @@ under the flood within 1.5x of its quiet p99, and the flood refused with 429.
 
     .venv/bin/python bench/login_flood.py                 # about 1 minute
     .venv/bin/python bench/login_flood.py --attempts 2000 --requests 400
+    .venv/bin/python bench/login_flood.py --flooder-nice 19   # the flooder as if on its own machine
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import statistics
 import sys
@@ -40,9 +42,13 @@ from bench.quota_bench import SYNTHETIC_ENV, pct, timed_requests  # noqa: E402  
 from dynamic_batching.store.connection import connect  # noqa: E402
 
 
-def _attempts(port: int, attempts: int, threads: int, counts: Any) -> None:
+def _attempts(port: int, attempts: int, threads: int, counts: Any, nice: int = 0) -> None:
     """A's flood: `attempts` wrong-password logins in all, from `threads` threads, each
-    with a session of its own (the CSRF cookie and the form's token, as a browser)."""
+    with a session of its own (the CSRF cookie and the form's token, as a browser),
+    at `nice` (an attacker's own CPU is not the server's: on a 2-core machine the
+    flooding client's Python competes with the web for the same cores)."""
+    if nice:
+        os.nice(nice)
     lock = threading.Lock()
     left = [attempts]
 
@@ -78,7 +84,7 @@ def _attempts(port: int, attempts: int, threads: int, counts: Any) -> None:
         w.join()
 
 
-def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int = 4) -> dict[str, Any]:
+def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int = 4, nice: int = 0) -> dict[str, Any]:
     b = system.user_token(f"worker-{time.monotonic_ns()}")
     port = system.web_port
     assert port is not None
@@ -87,7 +93,7 @@ def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int =
     ctx = multiprocessing.get_context("fork")
     with ctx.Manager() as manager:
         counts = manager.dict()
-        flooder = ctx.Process(target=_attempts, args=(port, attempts, threads, counts), daemon=True)
+        flooder = ctx.Process(target=_attempts, args=(port, attempts, threads, counts, nice), daemon=True)
         started = time.perf_counter()
         flooder.start()
         loaded: list[float] = []
@@ -102,6 +108,7 @@ def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int =
         a = dict(counts)
     return {
         "attempts": attempts,
+        "flooder_nice": nice,
         "attempts_answered": a,
         "flood_s": round(flood_s, 2),
         "b_requests": [len(quiet), len(loaded)],
@@ -118,10 +125,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="B's requests in the quiet phase")
     parser.add_argument("--attempts", type=int, default=1000, help="A's wrong passwords")
+    parser.add_argument(
+        "--flooder-nice",
+        type=int,
+        default=0,
+        help="run the flooding client at this niceness, as if on a machine of its own (default 0: same footing)",
+    )
     args = parser.parse_args()
     with LocalSystem(preload="synthetic", web=True, env=SYNTHETIC_ENV) as system:
         connect(system.redis_url)
-        result = measure(system, requests=args.requests, attempts=args.attempts)
+        result = measure(system, requests=args.requests, attempts=args.attempts, nice=args.flooder_nice)
     print(json.dumps(result, indent=2))
     ok = result["p99_ratio"] <= 1.5 and result["attempts_answered"].get("429", 0) > 0
     print(
