@@ -90,6 +90,11 @@ def test_a_known_slow_input_in_the_slow_lane_lets_others_run_first(one_device: L
 
     thread = threading.Thread(target=receive, daemon=True)
     thread.start()
+    # Events sent before the receiver has bound its queue are lost to it: wait for one
+    # (a worker's heartbeat). A device worker with two threads (DEVICE_OVERLAP) takes a
+    # batch, and sends its task-received, well before it runs it: one taken in that
+    # moment showed here as SUCCESS with no name (Flower, connected all along, sees it).
+    assert seen.wait(10), "no event reached the receiver"
     # The first test made it known; wait until the collector knows it too.
     deadline = time.monotonic() + 20
     while True:
