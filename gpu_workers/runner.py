@@ -239,17 +239,16 @@ class DeviceRunner:
             # runs and withdrawn when the run ends, so that only a worker that dies while
             # it runs counts against it (`_came_back`). Nor does it let another batch run
             # inside it, which could kill the worker while this one held the device.
-            suspect = tried_as is not None and bool(todo)
-            try_nonce = uuid.uuid4().hex
-            if suspect:
+            try_nonce = uuid.uuid4().hex if tried_as is not None and todo else None
+            if try_nonce is not None:
                 deliveries.trying(shared_state.client(), tried_as, try_nonce)
             try:
-                yield_after = None if suspect else self._yield_after(batch, todo)
+                yield_after = None if try_nonce is not None else self._yield_after(batch, todo)
                 with self.preempt.armed(batch["batch_id"], yield_after_s=yield_after):
                     ran = self._on_device(batch, todo, started)
             finally:
                 self._running = outer
-            if suspect:
+            if try_nonce is not None:
                 deliveries.tried(shared_state.client(), tried_as, try_nonce)
         return ran if isinstance(ran, dict) else self._answer(batch, todo, ran)
 
