@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 from urllib.parse import urlencode, urlsplit
 
+import redis
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth.views import redirect_to_login
 from django.core import signing
@@ -108,7 +109,17 @@ def flower_enter(request: HttpRequest) -> HttpResponse:
     except (signing.BadSignature, KeyError, TypeError):
         return refused
     # Once: a ticket seen in a log, a history or a Referer opens nothing.
-    if not connection.probe().set(f"{FLOWER_TICKETS_PREFIX}{nonce}", 1, nx=True, ex=TICKET_S + 5):
+    try:
+        first_use = connection.probe().set(f"{FLOWER_TICKETS_PREFIX}{nonce}", 1, nx=True, ex=TICKET_S + 5)
+    except redis.RedisError:
+        # Not a 500: unchecked, the ticket opens nothing, and it is still good to retry.
+        return HttpResponse(
+            "Cannot check this link to Flower right now (Redis is away): reload in a moment.",
+            status=503,
+            headers={"Retry-After": "5"},
+            content_type="text/plain",
+        )
+    if not first_use:
         return refused
     user = get_user_model().objects.filter(pk=user_id, is_active=True, is_staff=True).first()
     if user is None or not constant_time_compare(password_hash, user.get_session_auth_hash()):

@@ -101,3 +101,13 @@ def test_a_ticket_lands_under_flower_only(flower_url: None, staff, bare_redis: o
     site.force_login(staff)
     response = site.get("/auth/flower", {} if asked is None else {"next": asked}, HTTP_HOST=SITE)
     assert parse_qs(urlsplit(response["Location"]).query)["next"] == ["/flower/"]
+
+
+def test_a_ticket_checked_while_redis_is_away_is_answered_503_not_500(
+    flower_url: None, staff, bare_redis: object, unreachable_redis: None
+) -> None:  # type: ignore[no-untyped-def]
+    site = Client()
+    site.force_login(staff)
+    link = ticket_link(site)
+    _, status, _ = enter(link)
+    assert status == 503, "never a 500, never a session without the once-only check"
