@@ -27,6 +27,8 @@ from django.core.asgi import get_asgi_application
 from django.core.wsgi import get_wsgi_application
 from django.urls import Resolver404, resolve
 
+from batching_site.logins import LockedAddressGate
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batching_site.settings")
 
 
@@ -77,4 +79,5 @@ def _is_async(path: str) -> bool:
     return iscoroutinefunction(match.func)
 
 
-application = OnLongLivedThreads(ByView(), settings.WEB_THREADS)
+# Logins from an address already refused are answered before any of it (logins.py).
+application = LockedAddressGate(OnLongLivedThreads(ByView(), settings.WEB_THREADS))

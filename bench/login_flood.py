@@ -10,8 +10,9 @@ devices, under supervisord), driven over HTTP:
             from several threads, each with the CSRF cookie and token a browser sends
 
 It reports B's p50/p99 in both phases and their ratio, and how A's attempts were
-answered (429 once past the limit, before any password is checked). Target: B's p99
-under the flood within 1.5x of its quiet p99, and the flood refused with 429.
+answered (429 once past the limit, before any password is checked), and the web's CPU
+for one refused login (500 more from A alone, its address by then locked). Target: B's
+p99 under the flood within 1.5x of its quiet p99, and the flood refused with 429.
 
     .venv/bin/python bench/login_flood.py                 # about 1 minute
     .venv/bin/python bench/login_flood.py --attempts 2000 --requests 400
@@ -84,6 +85,31 @@ def _attempts(port: int, attempts: int, threads: int, counts: Any, nice: int = 0
         w.join()
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (gunicorn's master and workers)."""
+    total = 0.0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return 0.0
+    for p in [str(pid), *children]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def refused_cost_ms(system: LocalSystem, attempts: int = 500) -> float:
+    """The web's CPU ms for one refused login, from an address already past its limit:
+    `attempts` more of A's, one at a time, with nothing else running."""
+    port, web = system.web_port, system.pid("web")
+    before = _cpu_s(web)
+    _attempts(port, attempts, 1, {})
+    return (_cpu_s(web) - before) * 1000 / attempts
+
+
 def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int = 4, nice: int = 0) -> dict[str, Any]:
     b = system.user_token(f"worker-{time.monotonic_ns()}")
     port = system.web_port
@@ -106,6 +132,7 @@ def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int =
         flood_s = time.perf_counter() - started
         flooder.join()
         a = dict(counts)
+    refused_ms = refused_cost_ms(system)
     return {
         "attempts": attempts,
         "flooder_nice": nice,
@@ -118,6 +145,7 @@ def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int =
         "b_flood_p50_ms": round(statistics.median(loaded) * 1000, 2),
         "b_flood_p99_ms": round(pct(loaded, 0.99), 2),
         "p99_ratio": round(pct(loaded, 0.99) / pct(quiet, 0.99), 3),
+        "web_cpu_ms_per_refused_login": round(refused_ms, 3),
     }
 
 

@@ -29,6 +29,7 @@ def _forget_refusals() -> Iterator[None]:
 
     access.refusals.clear()
     logins._locked.clear()
+    logins._strikes.clear()
 
 
 @pytest.fixture

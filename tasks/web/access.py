@@ -46,10 +46,15 @@ def owner_name(user: Any) -> str:
 def client_address(request: HttpRequest) -> str:
     """The caller's address: the front door's `X-Forwarded-For` (Caddy sets it and
     ignores one a client sent) when the request came through it, else REMOTE_ADDR."""
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-    if forwarded:
-        return forwarded.split(",")[-1].strip()
-    return str(request.META.get("REMOTE_ADDR", ""))
+    return address_of(request.META.get("HTTP_X_FORWARDED_FOR", ""), str(request.META.get("REMOTE_ADDR", "")))
+
+
+def address_of(forwarded_for: str, remote_addr: str) -> str:
+    """client_address from the two values it reads, for a caller that has no Django
+    request yet (batching_site/logins.py's gate on the event loop)."""
+    if forwarded_for:
+        return forwarded_for.split(",")[-1].strip()
+    return remote_addr
 
 
 def anonymous_owner(request: HttpRequest) -> str:

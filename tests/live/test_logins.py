@@ -68,3 +68,19 @@ def test_concurrent_guesses_get_exactly_the_limits_password_checks(bare_redis) -
     with ThreadPoolExecutor(8) as pool:
         waits = list(pool.map(attempt, range(40)))
     assert waits.count(None) == logins.PER_USERNAME
+
+
+def test_an_address_that_keeps_trying_a_locked_username_is_locked_itself(bare_redis) -> None:  # type: ignore[no-untyped-def]
+    # Refusals for a username this process remembers are answered without Redis, so
+    # they never reached the address's count there: a flood at one username stayed on
+    # Django's path (2.2 ms of web CPU each) and never reached LockedAddressGate.
+    flood = Client(REMOTE_ADDR="198.51.100.20")
+    statuses = [
+        flood.post("/login/", {"username": "one-target", "password": "x"}).status_code
+        for _ in range(logins.PER_USERNAME + logins.PER_ADDRESS)
+    ]
+    assert statuses.count(200) == logins.PER_USERNAME and statuses.count(429) == logins.PER_ADDRESS
+    assert logins._locked.recall(logins._key_of_address("198.51.100.20")) is not None
+    # Another address trying another username is not held to it.
+    other = Client(REMOTE_ADDR="198.51.100.21")
+    assert other.post("/login/", {"username": "someone-else", "password": "x"}).status_code == 200
