@@ -32,9 +32,16 @@ CLEAR_SESSIONS_EVERY_S = 3600
 def sessions_command(every_s: int = CLEAR_SESSIONS_EVERY_S) -> list[str]:
     """Django's `clearsessions` every `every_s` seconds: with the open demo on, every
     visitor without a cookie leaves a session row behind, and nothing else deletes
-    expired ones (issue 42, finding 11)."""
+    expired ones (issue 42, finding 11). The loop's shell dies with its supervisor (the
+    lifetime wrapper, as every program); its two children die with the shell, the same
+    way, or its hour's `sleep` outlived a supervisor killed outright."""
     python = shlex.quote(sys.executable)
-    return ["/bin/sh", "-c", f"while :; do {python} manage.py clearsessions; sleep {int(every_s)}; done"]
+    with_shell = f"{python} -m dynamic_batching.core.lifetime"
+    return [
+        "/bin/sh",
+        "-c",
+        f"while :; do {with_shell} {python} manage.py clearsessions; {with_shell} sleep {int(every_s)}; done",
+    ]
 
 
 def flower_command(*, port: int = 5555, behind_proxy: bool = False) -> list[str]:

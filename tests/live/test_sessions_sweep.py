@@ -52,3 +52,35 @@ def test_the_web_role_sweeps_expired_sessions_on_a_schedule(tmp_path: Path) -> N
     finally:
         sweeper.kill()
         sweeper.wait()
+
+
+def sleeping_children(pid: int) -> list[int]:
+    found = []
+    try:
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"):
+                found.append(int(child))
+    except FileNotFoundError:  # one of them ended meanwhile
+        pass
+    return found
+
+
+def test_the_sweeps_wait_dies_with_it(tmp_path: Path) -> None:
+    # A supervisor killed outright takes the loop's shell with it (the lifetime wrapper),
+    # and the shell's `sleep 3600` was left behind, a child of init, after every such
+    # stop (three of them after one fresh-clone make test).
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    sweeper = subprocess.Popen(processes.sessions_command(every_s=3600), cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (waits := sleeping_children(sweeper.pid)):
+            assert time.monotonic() < deadline, "the sweep never came to its wait"
+            time.sleep(0.2)
+    finally:
+        sweeper.kill()
+        sweeper.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{waits[0]}").exists():
+        assert time.monotonic() < deadline, "the sweep's wait outlived it"
+        time.sleep(0.1)
