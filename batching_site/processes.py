@@ -36,11 +36,11 @@ def sessions_command(every_s: int = CLEAR_SESSIONS_EVERY_S) -> list[str]:
     lifetime wrapper, as every program); its two children die with the shell, the same
     way, or its hour's `sleep` outlived a supervisor killed outright."""
     python = shlex.quote(sys.executable)
-    with_shell = f"{python} -m dynamic_batching.core.lifetime"
+    dies_with_shell = f"{python} -m dynamic_batching.core.lifetime"
     return [
         "/bin/sh",
         "-c",
-        f"while :; do {with_shell} {python} manage.py clearsessions; {with_shell} sleep {int(every_s)}; done",
+        f"while :; do {dies_with_shell} {python} manage.py clearsessions; {dies_with_shell} sleep {int(every_s)}; done",
     ]
 
 

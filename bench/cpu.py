@@ -34,7 +34,7 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _tree_seconds(pid: int) -> float:
+def tree_seconds(pid: int) -> float:
     """CPU seconds of pid and its live descendants."""
     return sum(_seconds(p) for p in _tree(pid))
 
@@ -55,7 +55,7 @@ class ProcessCpu:
         self._roots = roots
 
     def read(self) -> float:
-        server = sum(_tree_seconds(root) for root in self._roots())
+        server = sum(tree_seconds(root) for root in self._roots())
         return server + _own_seconds()
 
 
@@ -91,7 +91,7 @@ class MachineCpu:
 
 def by_process(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of each named process tree, and of this process as `client`."""
-    out = {name: _tree_seconds(pid) for name, pid in pids.items()}
+    out = {name: tree_seconds(pid) for name, pid in pids.items()}
     out["client"] = _own_seconds()
     return out
 

@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batching_site.harness import LocalSystem  # noqa: E402
+from bench.cpu import tree_seconds  # noqa: E402
 from bench.quota_bench import SYNTHETIC_ENV, pct, timed_requests  # noqa: E402  (sets Django up)
 from dynamic_batching.store.connection import connect  # noqa: E402
 
@@ -85,29 +86,13 @@ def _attempts(port: int, attempts: int, threads: int, counts: Any, nice: int = 0
         w.join()
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its children (gunicorn's master and workers)."""
-    total = 0.0
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except FileNotFoundError:
-        return 0.0
-    for p in [str(pid), *children]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def refused_cost_ms(system: LocalSystem, attempts: int = 500) -> float:
     """The web's CPU ms for one refused login, from an address already past its limit:
     `attempts` more of A's, one at a time, with nothing else running."""
     port, web = system.web_port, system.pid("web")
-    before = _cpu_s(web)
+    before = tree_seconds(web)
     _attempts(port, attempts, 1, {})
-    return (_cpu_s(web) - before) * 1000 / attempts
+    return (tree_seconds(web) - before) * 1000 / attempts
 
 
 def measure(system: LocalSystem, *, requests: int, attempts: int, threads: int = 4, nice: int = 0) -> dict[str, Any]:
