@@ -4,6 +4,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
+# The suite runs in TEST_WORKERS processes (pytest-xdist), one test file to each at a
+# time: its live tests mostly wait on processes they started, so two share two cores.
+TEST_WORKERS ?= 2
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: run test test-fast lint bench chaos venv clean browser
@@ -39,7 +42,7 @@ test: venv browser
 	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get install -y redis-server openssl >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y redis-server openssl >/dev/null)) || true
 	@# tests/live/test_tls_proxy.py puts Debian's caddy in front of the web process and Flower.
 	@command -v caddy >/dev/null || (apt-get install -y caddy >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y caddy >/dev/null)) || true
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-fast: venv
