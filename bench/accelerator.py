@@ -58,7 +58,8 @@ MODEL = "minilm-gpu"
 
 #: Each mechanism on and off (docs/configuration.md): a batch sent ahead, sent only as a
 #: device is about to free (timed), a device worker that prepares and writes one batch
-#: while another runs (overlap), and its short GIL switch interval.
+#: while another runs (overlap), and its short GIL switch interval; overlap-ahead2 sends
+#: two batches ahead, each with a thread of its own in the device worker.
 VARIANTS = {
     "serial": {"BATCHING_COLLECTOR_BATCHES_AHEAD": "0", "BATCHING_DEVICE_OVERLAP": "0"},
     "ahead": {
@@ -78,6 +79,11 @@ VARIANTS = {
     },
     "overlap": {
         "BATCHING_COLLECTOR_BATCHES_AHEAD": "1",
+        "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
+        "BATCHING_DEVICE_OVERLAP": "1",
+    },
+    "overlap-ahead2": {
+        "BATCHING_COLLECTOR_BATCHES_AHEAD": "2",
         "BATCHING_COLLECTOR_AHEAD_TIMED": "1",
         "BATCHING_DEVICE_OVERLAP": "1",
     },

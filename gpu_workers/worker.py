@@ -19,8 +19,9 @@ from .step import DeviceStep
 app = configure_worker(get_app())
 # One process per device, so one model copy and one CUDA context. It takes a batch only
 # when it has room for one (prefetch 1 a thread), which is what makes dispatch
-# worker-pull. With DEVICE_OVERLAP, two threads: one batch prepares, or writes its
-# answers, while the other holds the device (gpu_workers/runner.py).
+# worker-pull. With DEVICE_OVERLAP, a thread for the batch holding the device and one
+# for each batch the collector sends ahead (at least one): those prepare, or write
+# their answers, while it runs (gpu_workers/runner.py).
 
 
 def pool() -> dict[str, Any]:
@@ -28,7 +29,7 @@ def pool() -> dict[str, Any]:
     overlap = conf.DEVICE_OVERLAP
     return {
         "worker_pool": "threads" if overlap else "solo",
-        "worker_concurrency": 2 if overlap else 1,
+        "worker_concurrency": 1 + max(1, conf.COLLECTOR_BATCHES_AHEAD) if overlap else 1,
         "worker_prefetch_multiplier": 1,
     }
 

@@ -142,6 +142,7 @@ KEYS: dict[str, Key] = {
     #: Requests the collector holds per tier before it stops taking from that queue.
     "COLLECTOR_WINDOW": Key(256, int, (_at_least(1), "at least 1")),
     #: Batches queued per device beyond the one it runs, each sent as the device is about to free.
+    #: On a fast accelerator, 2 (bench/accelerator.py's overlap-ahead2).
     "COLLECTOR_BATCHES_AHEAD": Key(1, int, (_at_least(0), "0 or more")),
     #: Off: a batch ahead leaves as soon as there is room for it (a benchmark's baseline).
     "COLLECTOR_AHEAD_TIMED": Key(True, _bool),
@@ -152,8 +153,9 @@ KEYS: dict[str, Key] = {
     #: Tests only: pretend this process's clock is off by this many seconds.
     "CLOCK_SKEW_S": Key(0.0, float),
     # --- Device workers --------------------------------------------------------------------
-    #: A device worker holds two batches: one is prepared, or writes its answers, while
-    #: the other runs (it takes the batch sent ahead: COLLECTOR_BATCHES_AHEAD).
+    #: A device worker holds the batch on its device and each batch sent ahead
+    #: (COLLECTOR_BATCHES_AHEAD, at least one), in a thread each: those are prepared, or
+    #: write their answers, while it runs.
     "DEVICE_OVERLAP": Key(True, _bool),
     #: With DEVICE_OVERLAP, how long a thread may hold the GIL while the other waits for
     #: it (sys.setswitchinterval): the batch taking the device waits at most this long

@@ -39,6 +39,12 @@ def test_device_worker_pulls_from_shared_and_own_queue_one_batch_a_thread() -> N
     assert worker.app.conf.worker_pool == "threads" and worker.app.conf.worker_concurrency == 2
     with override_settings(BATCHING={"DEVICE_OVERLAP": False}):
         assert worker.pool() == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
+    # A thread for the batch on the device and one for each the collector sends ahead:
+    # with fewer, a batch sent ahead waits in the broker for a thread.
+    with override_settings(BATCHING={"COLLECTOR_BATCHES_AHEAD": 2}):
+        assert worker.pool()["worker_concurrency"] == 3
+    with override_settings(BATCHING={"COLLECTOR_BATCHES_AHEAD": 0}):
+        assert worker.pool()["worker_concurrency"] == 2
     # The batch taking the device waits at most this long for the GIL.
     assert sys.getswitchinterval() == pytest.approx(worker.switch_interval_s()) == pytest.approx(0.0005)
 
