@@ -16,11 +16,19 @@ would make the borrower wait for the lender, which waits for the borrower.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 
+def let_go_of_the_gil() -> None:
+    """Release the GIL for a moment: a thread waiting for it runs now."""
+    time.sleep(0)
+
+
 class DeviceLock:
-    def __init__(self) -> None:
+    def __init__(self, *, yield_gil: Callable[[], object] = let_go_of_the_gil) -> None:
+        self._yield_gil = yield_gil
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
@@ -52,6 +60,15 @@ class DeviceLock:
             # Straight back to the batch that lent it, before any other waiter.
             self._owner, self._depth = self._lenders.pop() if self._lenders else (None, 0)
             self._cond.notify_all()
+            handing = self._owner is None and self._waiting > 0
+        # A batch waits for the device: let it have the GIL before this thread goes on
+        # to write its answers. Without this, the waiting thread woke only at the next
+        # GIL switch, or once the writer let go of it, and the device sat idle 2-4 ms
+        # (median) between two batches, the next one ready (bench/accelerator.py,
+        # docs/benchmarks.md). Waiting until it has taken the device was worse: the
+        # answers and the ack came later, and so did the batch after.
+        if handing:
+            self._yield_gil()
 
     def __enter__(self) -> DeviceLock:
         self.acquire()

@@ -71,3 +71,20 @@ def test_the_holder_lends_it_between_layers_and_gets_it_back_before_any_other_wa
     for t in (helper, b, t3):
         t.join(T)
     assert order == ["borrower runs", "lender resumes", "third"]
+
+
+def test_a_release_lets_go_of_the_gil_once_when_a_batch_waits_for_the_device() -> None:
+    """So that the waiting batch starts on the device now, not when the releaser, busy
+    writing its answers, next lets go of the GIL."""
+    yields: list[int] = []
+    lock = DeviceLock(yield_gil=lambda: yields.append(1))
+    with lock, lock:  # re-entrant: only the outer release hands the device on
+        pass
+    assert yields == []  # nobody waiting
+    took: list[str] = []
+    t = threading.Thread(target=lambda: (lock.acquire(), took.append("waiter"), lock.release()))
+    with lock:
+        t.start()
+        poll_until(lambda: lock.wanted, "a waiter", timeout=T)
+    t.join(T)
+    assert took == ["waiter"] and yields == [1]
