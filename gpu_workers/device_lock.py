@@ -29,6 +29,12 @@ def let_go_of_the_gil() -> None:
 class DeviceLock:
     def __init__(self, *, yield_gil: Callable[[], object] = let_go_of_the_gil) -> None:
         self._yield_gil = yield_gil
+        #: Set by the batch holding the device: whether, when it lets go with a batch
+        #: waiting, it also lets go of the GIL for that batch (`release`). On a CPU
+        #: device the next batch's model competes with the writing of these answers for
+        #: the same cores: measured, MiniLM on 2 CPUs gave 4-14% fewer texts a second
+        #: with it (bench/device_gaps.py --callers 16 --make-run, four pairs).
+        self.hand_on_gil = True
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
@@ -60,7 +66,7 @@ class DeviceLock:
             # Straight back to the batch that lent it, before any other waiter.
             self._owner, self._depth = self._lenders.pop() if self._lenders else (None, 0)
             self._cond.notify_all()
-            handing = self._owner is None and self._waiting > 0
+            handing = self._owner is None and self._waiting > 0 and self.hand_on_gil
         # A batch waits for the device: let it have the GIL before this thread goes on
         # to write its answers. Without this, the waiting thread woke only at the next
         # GIL switch, or once the writer let go of it, and the device sat idle 2-4 ms

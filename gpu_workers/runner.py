@@ -246,6 +246,8 @@ class DeviceRunner:
                 yield_after = None if try_nonce is not None else self._yield_after(batch, todo)
                 with self.preempt.armed(batch["batch_id"], yield_after_s=yield_after):
                     ran = self._on_device(batch, todo, started)
+                model = self._models.get(batch["model"])
+                self._device.hand_on_gil = model is None or model.runs_beside_the_host
             finally:
                 self._running = outer
             if try_nonce is not None:

@@ -122,6 +122,13 @@ class BatchRunner(abc.ABC):
     #: to a batch in another thread; a runner used alone keeps its own.
     device_lock: Any = None
 
+    @property
+    def runs_beside_the_host(self) -> bool:
+        """The device works while the host's threads do something else (an accelerator),
+        rather than with the host's own cores (a CPU device): then a batch waiting for
+        the device should start before the one that ran writes its answers."""
+        return not self.device.startswith("cpu")
+
     def step(self, done: float | None = None) -> None:
         """Between two layers: `done` is the share of the batch's work behind it (before
         layer k of n, k/n) when the model can tell. Then let preempting work run, if the

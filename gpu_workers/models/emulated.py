@@ -157,6 +157,11 @@ class EmulatedAcceleratorRunner(BatchRunner):
         #: id(input) -> (input, tokens, answer), from `prepare`.
         self._prepared: dict[int, tuple[Any, int, list[float]]] = {}
 
+    @property
+    def runs_beside_the_host(self) -> bool:
+        """An accelerator, whatever device name it is given."""
+        return True
+
     def batch_seconds(self, padded_tokens: int) -> float:
         """How long the device is busy with a batch of `padded_tokens`."""
         return self.overhead_s + padded_tokens * self.per_token_s if padded_tokens else 0.0

@@ -88,3 +88,15 @@ def test_a_release_lets_go_of_the_gil_once_when_a_batch_waits_for_the_device() -
         poll_until(lambda: lock.wanted, "a waiter", timeout=T)
     t.join(T)
     assert took == ["waiter"] and yields == [1]
+
+
+def test_a_batch_on_a_cpu_device_hands_it_on_without_letting_go_of_the_gil() -> None:
+    yields: list[int] = []
+    lock = DeviceLock(yield_gil=lambda: yields.append(1))
+    t = threading.Thread(target=lambda: (lock.acquire(), lock.release()))
+    with lock:
+        lock.hand_on_gil = False
+        t.start()
+        poll_until(lambda: lock.wanted, "a waiter", timeout=T)
+    t.join(T)
+    assert yields == []

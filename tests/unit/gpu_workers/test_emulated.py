@@ -147,3 +147,10 @@ def test_prepare_does_the_host_share_off_the_device_and_the_run_only_waits() -> 
     # Used once: the same texts run again (a half of a split batch) are counted again.
     r.run_batch(texts[:1])
     assert counted == texts[:1]
+
+
+def test_the_emulated_device_runs_beside_the_host_whatever_its_device_name() -> None:
+    """So its batches are handed on as an accelerator's are (gpu_workers/device_lock.py),
+    while a model on a CPU device, whose work is the host's own cores, is not."""
+    assert runner([]).runs_beside_the_host is True
+    assert SyntheticSpec().load("cpu:0").runs_beside_the_host is False
