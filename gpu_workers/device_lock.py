@@ -30,10 +30,11 @@ class DeviceLock:
     def __init__(self, *, yield_gil: Callable[[], object] = let_go_of_the_gil) -> None:
         self._yield_gil = yield_gil
         #: Set by the batch holding the device: whether, when it lets go with a batch
-        #: waiting, it also lets go of the GIL for that batch (`release`). On a CPU
-        #: device the next batch's model competes with the writing of these answers for
-        #: the same cores: measured, MiniLM on 2 CPUs gave 4-14% fewer texts a second
-        #: with it (bench/device_gaps.py --callers 16 --make-run, four pairs).
+        #: waiting, it also lets go of the GIL for that batch (`release`). Not on a CPU
+        #: device, where the next batch's model and the writing of these answers share
+        #: the same cores and the gap was 0.2 ms already: MiniLM on 2 CPUs gave 4-14%
+        #: fewer texts a second with it in four pairs, within this machine's noise
+        #: (bench/device_gaps.py --callers 16 --make-run; docs/benchmarks.md).
         self.hand_on_gil = True
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
