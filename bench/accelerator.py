@@ -198,6 +198,11 @@ def main() -> None:
             policy = policy.evolve(oversized="truncate", version=policy.version + 1)
             _publish_and_wait(shared_state, policy)
             closed_loop("warm-up", call, texts[:100], 16)
+            # Once a heartbeat has passed, the devices' carry all their busy time so far,
+            # as after every load below. Read at once, the busy time between the last
+            # heartbeat and the warm-up's end counted in the first load's: a duty cycle
+            # of 1.03-1.10 at 64 callers run first.
+            time.sleep(1.1 * shared_state.HEARTBEAT_EVERY_S)
             loads: list[tuple[str, Any]] = [(str(c), c) for c in args.callers]
             if args.open_loop:
                 loads.append((f"open {args.open_loop}x", None))
@@ -205,11 +210,6 @@ def main() -> None:
                 ids.clear()
                 measured = texts[100 : 100 + (args.texts if callers != 1 else min(args.texts, 300))]
                 ceiling = ceiling_per_s(measured, spec, policy, len(shared_state.live_devices()) or 2)
-                # The devices are idle now: once a heartbeat has passed, theirs carry all
-                # the busy time so far. Read at once, the busy time between the last
-                # heartbeat and the end of the load before (the warm-up) counted in
-                # this one's: a duty cycle of 1.03-1.10 at 64 callers run first.
-                time.sleep(1.1 * shared_state.HEARTBEAT_EVERY_S)
                 before = {d: i.get("device_busy_s", 0.0) for d, i in shared_state.live_devices().items()}
                 t0 = time.monotonic()
                 cpu = MachineCpu()

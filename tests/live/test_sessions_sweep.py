@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import poll_until
 
 from batching_site import processes
 
@@ -73,14 +74,8 @@ def test_the_sweeps_wait_dies_with_it(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     sweeper = subprocess.Popen(processes.sessions_command(every_s=3600), cwd=ROOT, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not (waits := sleeping_children(sweeper.pid)):
-            assert time.monotonic() < deadline, "the sweep never came to its wait"
-            time.sleep(0.2)
+        waits = poll_until(lambda: sleeping_children(sweeper.pid), "the sweep to come to its wait", timeout=60)
     finally:
         sweeper.kill()
         sweeper.wait()
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{waits[0]}").exists():
-        assert time.monotonic() < deadline, "the sweep's wait outlived it"
-        time.sleep(0.1)
+    poll_until(lambda: not Path(f"/proc/{waits[0]}").exists(), "the sweep's wait to die with it", timeout=10)
