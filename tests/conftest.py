@@ -90,11 +90,34 @@ def bare_redis() -> Iterator[object]:
         # a server that is gone, Celery retries that for 20 s. Make them forget it.
         consumer = getattr(app._local.__dict__.get("backend"), "result_consumer", None)
         if consumer is not None:
-            consumer.stop()
-            consumer._pubsub = None
-            consumer.subscribed_to.clear()
+            forget_subscriptions(consumer)
         connect(previous)
         system.close()
+
+
+def forget_subscriptions(consumer: object) -> None:
+    """A Celery result consumer that no longer speaks to its Redis: an AsyncResult made
+    through it, when collected, unsubscribes through it, and on a server that is gone
+    Celery retries that for minutes (its retries, each one redis-py's)."""
+    consumer.stop()  # type: ignore[attr-defined]
+    consumer._pubsub = None  # type: ignore[attr-defined]
+    consumer.subscribed_to.clear()  # type: ignore[attr-defined]
+    consumer.cancel_for = lambda task_id: None  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every Redis the tests started is gone by now: AsyncResults still to be collected
+    must not try to unsubscribe on them. One collected while schemathesis' own session
+    end imported a module held an xdist worker for over five minutes in a fresh-clone
+    make test."""
+    import gc
+
+    from celery.backends.redis import ResultConsumer
+
+    for consumer in [o for o in gc.get_objects() if isinstance(o, ResultConsumer)]:
+        forget_subscriptions(consumer)
+    gc.collect()
 
 
 @pytest.fixture
