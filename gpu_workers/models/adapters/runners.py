@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,14 @@ class SentenceTransformerRunner(TorchRunner):
         model.max_seq_length = self.max_tokens
         return model
 
-    def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
-        # batch_size=len(inputs): the batcher formed the batch, so this is one pass.
-        return model.encode(
-            inputs,
-            batch_size=len(inputs),
-            normalize_embeddings=self.normalize,
-            convert_to_tensor=True,
-            show_progress_bar=False,
-        )
+    # What SentenceTransformer.encode does for one batch, in two parts (the same answers
+    # to the last digit kept: tests/unit/gpu_workers/test_adapters.py).
+    def collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any]:
+        return model.preprocess(inputs)
+
+    def forward_features(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        embeddings = model(dict(features))["sentence_embedding"]
+        return torch.nn.functional.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
 
 
 class _HFRunner(TorchRunner):
@@ -54,13 +54,15 @@ class _HFRunner(TorchRunner):
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.directory))
         return AutoModelForSequenceClassification.from_pretrained(str(self.directory)).to(self.torch_device)
 
-    def logits(self, model: Any, *texts: list[str]) -> torch.Tensor:
+    def tokenize(self, *texts: list[str]) -> Mapping[str, Any]:
         # truncation: the edge cut what it was told to; an input let through to run
         # alone is cut here, at the model's limit (a pair loses its passage's end first).
-        encoded = self.tokenizer(
-            *texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
-        ).to(self.torch_device)
-        return model(**encoded).logits.float()
+        return dict(
+            self.tokenizer(*texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        )
+
+    def logits(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        return model(**features).logits.float()
 
 
 class ClassifierRunner(_HFRunner):
@@ -68,8 +70,11 @@ class ClassifierRunner(_HFRunner):
         self.labels = labels
         super().__init__(device, **options)
 
-    def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
-        return torch.softmax(self.logits(model, inputs), dim=-1)
+    def collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any]:
+        return self.tokenize(inputs)
+
+    def forward_features(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        return torch.softmax(self.logits(model, features), dim=-1)
 
     def answers(self, rows: list[Any], inputs: list[Any]) -> list[Any]:
         out = []
@@ -86,8 +91,11 @@ class CrossEncoderRunner(_HFRunner):
         self.sigmoid = sigmoid
         super().__init__(device, **options)
 
-    def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
-        scores = self.logits(model, [q for q, _ in inputs], [p for _, p in inputs])[:, 0]
+    def collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any]:
+        return self.tokenize([q for q, _ in inputs], [p for _, p in inputs])
+
+    def forward_features(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        scores = self.logits(model, features)[:, 0]
         return torch.sigmoid(scores) if self.sigmoid else scores
 
     def answers(self, rows: list[Any], inputs: list[Any]) -> list[Any]:
@@ -124,14 +132,19 @@ class ModuleRunner(TorchRunner):
             raise TypeError(f"{self.factory} returned a {type(module).__name__}, not a torch.nn.Module")
         return module.to(self.torch_device)
 
-    def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
+    def collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any]:
         encoded = self.tokenizer.encode_batch(inputs)
-        ids = torch.tensor([e.ids for e in encoded], dtype=torch.long, device=self.torch_device)
-        mask = torch.tensor([e.attention_mask for e in encoded], dtype=torch.long, device=self.torch_device)
-        out = model(input_ids=ids, attention_mask=mask)
+        return {
+            "input_ids": torch.tensor([e.ids for e in encoded], dtype=torch.long),
+            "attention_mask": torch.tensor([e.attention_mask for e in encoded], dtype=torch.long),
+        }
+
+    def forward_features(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        rows = len(features["input_ids"])
+        out = model(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
         if self.output is not None:
             out = out[self.output] if isinstance(out, dict) or hasattr(out, "keys") else getattr(out, self.output)
-        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != len(inputs):
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != rows:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise TypeError(f"{self.factory} must return one row per input ({len(inputs)}), got {shape}")
+            raise TypeError(f"{self.factory} must return one row per input ({rows}), got {shape}")
         return out.float()

@@ -5,6 +5,15 @@ tensor with a row per input; this class does the rest the same way for all of th
 inference mode, half precision on CUDA when configured, one copy of the output to the
 host per batch, the cache given back after an out-of-memory error, and the probe for
 the largest padded-token budget that fits the device.
+
+A subclass that splits that turn into the host's share (`collate`: tokenize and pad
+into tensors) and the device's (`forward_features`) gets its batches prepared off the
+device: `prepare` collates a batch before it waits for the device lock, so with
+DEVICE_OVERLAP the tokenizing happens while another batch holds the device, and on CUDA
+it also copies the tensors to the device from pinned memory without waiting for the
+copy (queued on the device's stream behind the batch that runs). The built-in adapters
+all do; a subclass that overrides `forward` alone works as before, collating under the
+device lock.
 """
 
 from __future__ import annotations
@@ -13,7 +22,8 @@ import abc
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,9 +40,16 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 #: Most rows of longest inputs the probe tries in one batch.
 PROBE_MAX_BATCH = 512
+#: Batches prepared and not yet run are forgotten past this many (a batch split,
+#: bounced or handed back after `prepare` never runs as it was prepared).
+MAX_PREPARED = 8
 #: Part of the probed budget kept back: the probe's trial batches ran on a device with
 #: nothing else on it, and the allocator fragments as batches of other shapes come.
 PROBE_HEADROOM = 0.1
+
+
+def _key(batch: list[Any]) -> tuple[int, ...]:
+    return tuple(id(x) for x in batch)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -68,6 +85,11 @@ class TorchRunner(BatchRunner):
         # A model is not documented as safe to call from two threads; one batch at a time.
         # Re-entrant: a batch that preempts another runs inside it, between its layers.
         self.device_lock = threading.RLock()
+        # A fast tokenizer is not safe to call from two threads at once ("Already
+        # borrowed"): `prepare` in one thread and an unprepared batch in another take turns.
+        self._host_lock = threading.Lock()
+        #: (id of each input, ...) -> (the inputs, their features), from `prepare`.
+        self._prepared: OrderedDict[tuple[int, ...], tuple[list[Any], Mapping[str, Any]]] = OrderedDict()
         model = self.load_model()
         if self.dtype is not None:
             model.to(self.dtype)
@@ -95,10 +117,70 @@ class TorchRunner(BatchRunner):
     def load_model(self) -> Any:
         """The model, on ``self.torch_device``, in float32."""
 
-    @abc.abstractmethod
     def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
         """One row per input, in order, on the device. A row must not depend on its
-        batch-mates: padding is masked."""
+        batch-mates: padding is masked. Override it, or `collate` and `forward_features`
+        (then batches are prepared off the device)."""
+        features = self._collate(model, inputs)
+        if features is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement forward, or collate and forward_features")
+        return self.forward_features(model, self._to_device(features, ahead=False))
+
+    def collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any] | None:
+        """The host's share of a batch: its input tensors (tokenized, padded), on the
+        host. None: this runner has no host's share apart from `forward`."""
+        return None
+
+    def forward_features(self, model: Any, features: Mapping[str, Any]) -> torch.Tensor:
+        """`forward` from `collate`'s features, on the device."""
+        raise NotImplementedError(f"{type(self).__name__} collates but has no forward_features")
+
+    def prepare(self, inputs: Sequence[Any]) -> None:
+        """Collate the batch before it waits for the device (BatchRunner.prepare); on
+        CUDA also start its copy to the device. `run_batch` uses it if it gets these
+        very inputs, in this order; anything else is collated there."""
+        batch = list(inputs)
+        model = self._model
+        if not batch or model is None or type(self).collate is TorchRunner.collate:
+            return
+        features = self._collate(model, batch)
+        if features is None:
+            return
+        features = self._to_device(features, ahead=True)
+        with self._host_lock:
+            self._prepared[_key(batch)] = (batch, features)
+            while len(self._prepared) > MAX_PREPARED:
+                self._prepared.popitem(last=False)
+
+    def _take_prepared(self, batch: list[Any]) -> Mapping[str, Any] | None:
+        with self._host_lock:
+            kept = self._prepared.pop(_key(batch), None)
+        # The same objects, not objects at the same addresses: `_prepared` holds the
+        # inputs it was given, so their ids cannot be reused while it keeps them.
+        if kept is None or any(a is not b for a, b in zip(kept[0], batch, strict=True)):
+            return None
+        return kept[1]
+
+    def _collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any] | None:
+        with self._host_lock:
+            return self.collate(model, inputs)
+
+    def _to_device(self, features: Mapping[str, Any], *, ahead: bool) -> dict[str, Any]:
+        """The features' tensors on the device. `ahead` (a batch prepared before its
+        turn), on CUDA: copied from pinned host memory without waiting, so the copy is
+        queued behind the batch running now and the host goes on."""
+        if not self.cuda:
+            return dict(features)
+        moved: dict[str, Any] = {}
+        for name, value in features.items():
+            if isinstance(value, torch.Tensor):
+                value = (
+                    value.pin_memory().to(self.torch_device, non_blocking=True)
+                    if ahead
+                    else value.to(self.torch_device)
+                )
+            moved[name] = value
+        return moved
 
     def answers(self, rows: list[Any], inputs: list[Any]) -> list[Any]:
         """The JSON answers from the rows (nested lists of floats, already rounded)."""
@@ -108,12 +190,13 @@ class TorchRunner(BatchRunner):
         if not inputs:
             return []
         batch = list(inputs)
+        features = self._take_prepared(batch)
         with self.device_lock:
             model = self._model
             if model is None:
                 raise RuntimeError(f"{type(self).__name__} on {self.device} is closed")
             with torch.inference_mode():
-                out = self.forward(model, batch)
+                out = self.forward(model, batch) if features is None else self.forward_features(model, features)
                 # One copy to the host for the whole batch: a copy per row would wait on
                 # the device once per input.
                 host = out.to(device="cpu", dtype=torch.float64)
@@ -156,6 +239,8 @@ class TorchRunner(BatchRunner):
             if self._model is None:
                 return
             self._model = None
+        with self._host_lock:
+            self._prepared.clear()
         if self.cuda:
             torch.cuda.empty_cache()
 

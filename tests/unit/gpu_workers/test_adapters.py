@@ -31,7 +31,7 @@ from dynamic_batching.gpu_workers.models.adapters import (
     TorchModuleSpec,
 )
 from dynamic_batching.gpu_workers.models.adapters.probe import largest_fitting
-from dynamic_batching.gpu_workers.models.adapters.torch_runner import PROBE_HEADROOM, TorchRunner
+from dynamic_batching.gpu_workers.models.adapters.torch_runner import MAX_PREPARED, PROBE_HEADROOM, TorchRunner
 from dynamic_batching.gpu_workers.models.minilm import MiniLMSpec, model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -445,3 +445,68 @@ def test_a_torch_model_reports_its_progress_through_its_stack_of_layers(tiny: Ti
         assert shares == [0.0, 0.5]
     finally:
         runner.close()
+
+
+# ---------------------------------------------------------------- prepared off the device
+
+
+def _counting_collate(runner: TorchRunner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each batch `collate` is called for, from now on."""
+    collate, calls = runner.collate, []
+
+    def counted(model: Any, inputs: list[Any]) -> Any:
+        calls.append(len(inputs))
+        return collate(model, inputs)
+
+    monkeypatch.setattr(runner, "collate", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["tiny-classifier", "tiny-reranker", "tiny-embedder", "tiny-module"])
+def test_a_prepared_batch_is_collated_before_it_runs_and_answers_the_same(
+    name: str, runners: dict[str, TorchRunner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = runners[name]
+    inputs = list(PAIRS if name == "tiny-reranker" else TEXTS)
+    unprepared = runner.run_batch(inputs)
+    calls = _counting_collate(runner, monkeypatch)
+    runner.prepare(inputs)
+    assert calls == [len(inputs)]
+    # The device's part only: the tokenizing was done before the batch took the device.
+    assert runner.run_batch(inputs) == unprepared
+    assert calls == [len(inputs)]
+
+
+def test_a_batch_other_than_the_one_prepared_is_collated_when_it_runs(
+    runners: dict[str, TorchRunner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = runners["tiny-embedder"]
+    part = TEXTS[:3]
+    alone = runner.run_batch(list(part))
+    calls = _counting_collate(runner, monkeypatch)
+    runner.prepare(TEXTS)
+    # A part of it (a split batch), and equal texts that are other objects.
+    assert runner.run_batch(part) == alone
+    assert runner.run_batch([str(t + " ")[:-1] for t in part]) == alone
+    assert calls == [len(TEXTS), 3, 3]
+
+
+def test_prepared_batches_that_never_run_are_forgotten(runners: dict[str, TorchRunner]) -> None:
+    runner = runners["tiny-module"]
+    for i in range(MAX_PREPARED + 5):
+        runner.prepare([f"a batch that was bounced {i}"])
+    assert len(runner._prepared) == MAX_PREPARED
+
+
+def test_a_runner_with_its_own_forward_prepares_nothing_and_runs(tiny: TinyModels) -> None:
+    class Doubler(TorchRunner):
+        def load_model(self) -> Any:
+            return torch.nn.Identity()
+
+        def forward(self, model: Any, inputs: list[Any]) -> torch.Tensor:
+            return model(torch.tensor([[2.0 * len(x)] for x in inputs]))
+
+    runner = Doubler("cpu:0", max_tokens=8)
+    runner.prepare(["ab", "c"])
+    assert not runner._prepared
+    assert runner.run_batch(["ab", "c"]) == [[4.0], [2.0]]
