@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 TEST_WORKERS ?= 2
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint bench chaos venv clean browser
+.PHONY: run test test-fast lint bench chaos venv clean browser faketime
 
 venv: $(STAMP)
 
@@ -32,12 +32,15 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "could not install chromium: the browser test will skip"
 
+# tests/live/test_clocks.py shifts a web process's clock with Debian's libfaketime (any
+# architecture's path); without it those tests skip and say why.
+faketime:
+	@ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || (apt-get install -y faketime >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y faketime >/dev/null)) || true
+
 # pytest exits 5 when it collects no test: that is a broken suite, not a pass.
-test: venv browser
+test: venv browser faketime
 	@# tests/unit/site/test_deploy.py validates docker-compose.yml with Debian's docker-compose (no engine needed).
 	@command -v docker-compose >/dev/null || (apt-get install -y docker-compose >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y docker-compose >/dev/null)) || true
-	@# tests/live/test_clocks.py shifts a web process's clock with Debian's libfaketime (any architecture's path).
-	@ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || (apt-get install -y faketime >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y faketime >/dev/null)) || true
 	@# tests/live/test_redis_tls.py runs Debian's redis-server with TLS, certificates from openssl.
 	@(command -v redis-server && command -v openssl) >/dev/null || (apt-get install -y redis-server openssl >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y redis-server openssl >/dev/null)) || true
 	@# tests/live/test_tls_proxy.py puts Debian's caddy in front of the web process and Flower.
@@ -65,5 +68,5 @@ clean:
 	rm -rf $(VENV) .run db.sqlite3
 
 # The crash, hang, takeover and clock tests, five times in a row.
-chaos: venv
+chaos: venv faketime
 	for i in 1 2 3 4 5; do HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/live/test_chaos.py tests/live/test_clocks.py -q -p no:randomly || exit 1; done
