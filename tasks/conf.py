@@ -43,6 +43,10 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _bool_or_auto(text: str) -> bool | None:
+    return None if text.strip().lower() == "auto" else _bool(text)
+
+
 def _list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -155,8 +159,9 @@ KEYS: dict[str, Key] = {
     # --- Device workers --------------------------------------------------------------------
     #: A device worker holds the batch on its device and each batch sent ahead
     #: (COLLECTOR_BATCHES_AHEAD, at least one), in a thread each: those are prepared, or
-    #: write their answers, while it runs.
-    "DEVICE_OVERLAP": Key(True, _bool),
+    #: write their answers, while it runs. None ("auto"): on where the device runs beside
+    #: the host (an accelerator), off on a CPU device (gpu_workers/worker.py::overlaps).
+    "DEVICE_OVERLAP": Key(None, _bool_or_auto),
     #: With DEVICE_OVERLAP, how long a thread may hold the GIL while the other waits for
     #: it (sys.setswitchinterval): the batch taking the device waits at most this long
     #: for the one writing its answers.

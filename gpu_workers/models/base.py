@@ -14,9 +14,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
-__all__ = ["BatchRunner", "ModelSpec", "check_device", "check_text"]
+__all__ = ["BatchRunner", "ModelSpec", "beside_the_host", "check_device", "check_text"]
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(:\d+)?$")
+
+
+def beside_the_host(device: str) -> bool:
+    """An accelerator works while the host's threads do something else; a CPU device
+    is the host's own cores."""
+    return not device.startswith("cpu")
 
 
 def check_device(device: str) -> str:
@@ -99,6 +105,11 @@ class ModelSpec(abc.ABC):
     def load(self, device: str) -> BatchRunner:
         """Load the model onto ``device`` ("cpu", "cpu:0", "cuda:0", ...)."""
 
+    def runs_beside_the_host(self, device: str) -> bool:
+        """Whether this model's runner on `device` works beside the host's cores
+        (BatchRunner.runs_beside_the_host), known before it loads."""
+        return beside_the_host(device)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} max_tokens={self.max_tokens}>"
 
@@ -127,7 +138,7 @@ class BatchRunner(abc.ABC):
         """The device works while the host's threads do something else (an accelerator),
         rather than with the host's own cores (a CPU device): then a batch waiting for
         the device should start before the one that ran writes its answers."""
-        return not self.device.startswith("cpu")
+        return beside_the_host(self.device)
 
     def step(self, done: float | None = None) -> None:
         """Between two layers: `done` is the share of the batch's work behind it (before

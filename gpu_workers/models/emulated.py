@@ -125,6 +125,10 @@ class EmulatedAcceleratorSpec(ModelSpec):
     def describe(self, value: Any, limit: int = 60) -> str:
         return self.real.describe(value, limit)
 
+    def runs_beside_the_host(self, device: str) -> bool:
+        """An accelerator, whatever device name it is given."""
+        return True
+
     def load(self, device: str) -> EmulatedAcceleratorRunner:
         return EmulatedAcceleratorRunner(
             device, self.real, overhead_s=self.overhead_s, per_token_s=self.per_token_s, dim=self.dim

@@ -61,6 +61,9 @@ def chaos_system() -> Iterator[LocalSystem]:
             web=True,
             flower=True,
             env={
+                # Two batches a device worker, as on an accelerator (on a CPU device the
+                # worker runs one at a time by itself): the harder case to lose nothing in.
+                "BATCHING_DEVICE_OVERLAP": "1",
                 "BATCHING_VISIBILITY_TIMEOUT_S": "4",
                 "SYNTHETIC_OVERHEAD_S": "0.004",
                 "SYNTHETIC_PER_TOKEN_S": "0.0006",

@@ -22,6 +22,8 @@ from dynamic_batching.gpu_workers.models.base import BatchRunner
 from dynamic_batching.gpu_workers.runner import DeviceRunner
 from dynamic_batching.protocol.names import BATCH_QUEUE, BATCH_TASK, SHARED_BATCH_QUEUES, device_queue_name
 
+EMULATED = "dynamic_batching.gpu_workers.models.emulated.EmulatedAcceleratorSpec"
+
 # --- how device workers are started ----------------------------------------------------
 
 
@@ -35,18 +37,45 @@ def test_device_worker_pulls_from_shared_and_own_queue_one_batch_a_thread() -> N
     assert cmd[cmd.index("-Q") + 1] == ",".join([*SHARED_BATCH_QUEUES, device_queue_name("cuda:1")])
     # The pool is the worker's own, from DEVICE_OVERLAP, not the command line's.
     assert "-P" not in cmd and "-c" not in cmd
-    assert worker.pool() == {"worker_pool": "threads", "worker_concurrency": 2, "worker_prefetch_multiplier": 1}
+    assert worker.pool(True) == {"worker_pool": "threads", "worker_concurrency": 2, "worker_prefetch_multiplier": 1}
+    assert worker.pool(False) == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
+    # Imported outside a worker (no --device on pytest's command line): as on an accelerator.
     assert worker.app.conf.worker_pool == "threads" and worker.app.conf.worker_concurrency == 2
-    with override_settings(BATCHING={"DEVICE_OVERLAP": False}):
-        assert worker.pool() == {"worker_pool": "solo", "worker_concurrency": 1, "worker_prefetch_multiplier": 1}
     # A thread for the batch on the device and one for each the collector sends ahead:
     # with fewer, a batch sent ahead waits in the broker for a thread.
     with override_settings(BATCHING={"COLLECTOR_BATCHES_AHEAD": 2}):
-        assert worker.pool()["worker_concurrency"] == 3
+        assert worker.pool(True)["worker_concurrency"] == 3
     with override_settings(BATCHING={"COLLECTOR_BATCHES_AHEAD": 0}):
-        assert worker.pool()["worker_concurrency"] == 2
+        assert worker.pool(True)["worker_concurrency"] == 2
     # The batch taking the device waits at most this long for the GIL.
-    assert sys.getswitchinterval() == pytest.approx(worker.switch_interval_s()) == pytest.approx(0.0005)
+    assert sys.getswitchinterval() == pytest.approx(worker.switch_interval_s(True)) == pytest.approx(0.0005)
+
+
+def test_a_device_worker_overlaps_batches_on_an_accelerator_not_on_a_cpu() -> None:
+    from django.test import override_settings
+
+    from dynamic_batching.gpu_workers import worker
+
+    # Auto: by the device, and by every model the worker loads (the emulated accelerator
+    # runs beside the host whatever its device's name).
+    assert worker.overlaps("cuda:0", ["minilm"])
+    assert not worker.overlaps("cpu:0", ["minilm"])
+    assert not worker.overlaps("cpu", ["synthetic"])
+    with override_settings(BATCHING={"MODELS": {"minilm-gpu": {"spec": EMULATED, "of": "minilm"}}}):
+        assert worker.overlaps("cpu:0", ["minilm-gpu"])
+        assert not worker.overlaps("cpu:0", ["minilm-gpu", "minilm"])
+    assert not worker.overlaps("cpu:0", ["no-such-model"])
+    # Said outright, either way.
+    with override_settings(BATCHING={"DEVICE_OVERLAP": True}):
+        assert worker.overlaps("cpu:0", ["minilm"])
+    with override_settings(BATCHING={"DEVICE_OVERLAP": False}):
+        assert not worker.overlaps("cuda:0", ["minilm"])
+    # From the worker's own command line, as tasks/processes.py::device_command writes it.
+    cmd = device_command("cpu:1", preload="synthetic,minilm")
+    assert worker.own_option("--device", cmd) == "cpu:1"
+    assert worker.own_option("--preload", cmd) == "synthetic,minilm"
+    assert worker.own_option("--device", ["worker", "--device=cuda:2"]) == "cuda:2"
+    assert worker.own_option("--device", ["worker"]) is None
 
 
 def test_devices_setting_wins_else_every_cuda_device_else_two_cpus() -> None:

@@ -18,6 +18,7 @@ from celery.result import AsyncResult
 from django.test import Client
 from systems import running
 
+from batching_site.celery import app
 from batching_site.harness import LocalSystem
 from bench import quota_bench
 
@@ -60,7 +61,8 @@ def test_the_open_demo_gives_each_anonymous_session_its_own_requests_and_each_ad
     first = send(me, "an anonymous visitor's sentence")
     assert first.status_code == 202
     task_id = first.json()["id"]
-    AsyncResult(task_id).get(timeout=60)
+    # The project's app, not whichever a test before made current (Celery(...) does).
+    AsyncResult(task_id, app=app).get(timeout=60)
     assert me.get(f"/requests/{task_id}.json").json()["status"] == "SUCCESS"
     assert me.get(f"/requests/{task_id}").status_code == 200
     # Another visitor, and a logged-in user, get 404: the id is not theirs.

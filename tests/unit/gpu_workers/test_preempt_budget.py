@@ -23,7 +23,7 @@ class FakeClock:
 
 def preemption(clock: FakeClock) -> Preemption:
     p = Preemption(
-        Celery("t"),
+        Celery("t", set_as_current=False),
         Watchdog(clock=clock),
         emit=lambda event: None,
         device_id="cpu-test",
