@@ -6,7 +6,7 @@ before the batch waits for the device lock, so with DEVICE_OVERLAP the tokenizin
 happens while another batch holds the device. This loads one runner (MiniLM by
 default) and, for each batch size, times over the same texts:
 
-    collate     the host's share alone (what prepare does off the device)
+    collate     prepare alone: the host's share, done off the device
     unprepared  run_batch as before: collate, forward and the copy to the host, all
                 under the device lock
     prepared    run_batch after prepare: only the device's part is under the lock
@@ -69,13 +69,11 @@ def main() -> None:
     for size in args.sizes:
         collate, unprepared, prepared, padded = [], [], [], []
         for i in tqdm(range(args.rounds + 1), desc=f"batches of {size}", unit="batch", leave=False):
-            # Each timing on its own batch objects: prepare keeps what it made per object.
             start = (i * size) % max(1, len(texts) - size)
-            batch = [str(t) for t in texts[start : start + size]]
-            c = timed(runner.collate, runner._model, batch)
-            u = timed(runner.run_batch, [t + "" for t in batch])
-            runner.prepare(batch)
-            p = timed(runner.run_batch, batch)
+            batch = texts[start : start + size]
+            u = timed(runner.run_batch, batch)  # nothing prepared for it: collated under the lock
+            c = timed(runner.prepare, batch)
+            p = timed(runner.run_batch, batch)  # what prepare kept
             if i:  # the first of each size warms up
                 collate.append(c)
                 unprepared.append(u)

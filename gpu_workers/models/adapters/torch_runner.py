@@ -141,7 +141,7 @@ class TorchRunner(BatchRunner):
         very inputs, in this order; anything else is collated there."""
         batch = list(inputs)
         model = self._model
-        if not batch or model is None or type(self).collate is TorchRunner.collate:
+        if not batch or model is None:
             return
         features = self._collate(model, batch)
         if features is None:
@@ -153,13 +153,11 @@ class TorchRunner(BatchRunner):
                 self._prepared.popitem(last=False)
 
     def _take_prepared(self, batch: list[Any]) -> Mapping[str, Any] | None:
+        # Keyed by the inputs' ids, and `_prepared` holds the inputs themselves, so no id
+        # of theirs is reused while they wait: the same key means the same objects.
         with self._host_lock:
             kept = self._prepared.pop(_key(batch), None)
-        # The same objects, not objects at the same addresses: `_prepared` holds the
-        # inputs it was given, so their ids cannot be reused while it keeps them.
-        if kept is None or any(a is not b for a, b in zip(kept[0], batch, strict=True)):
-            return None
-        return kept[1]
+        return None if kept is None else kept[1]
 
     def _collate(self, model: Any, inputs: list[Any]) -> Mapping[str, Any] | None:
         with self._host_lock:
